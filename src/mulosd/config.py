@@ -1,0 +1,185 @@
+"""Structured config schemas, registered with Hydra, and the checks run before any work starts.
+
+Every config group's YAML is merged onto a dataclass here, so a typo'd key (in YAML or on the command
+line) or a value of the wrong type fails at composition with the full key named. `validate` then catches
+what types cannot: keys smuggled in with `++`, and values out of range. Both end as one-line errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message starts with the full key."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass
+class SynthShardsConfig:
+    """A SynthScenes shard set written on first use (DataModule.prepare_data)."""
+
+    dir: str = "data/shards/synthscenes128"
+    train_shards: int = 32
+    val_shards: int = 2
+    per_shard: int = 256
+    size: int = 128
+    seed: int = 0
+    image_format: str = "png"
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    train_urls: str | None = None  # paths, brace patterns, pipe: commands or http(s) URLs
+    val_urls: str | None = None
+    image_size: int = 128
+    ratios: list[int] = field(default_factory=lambda: [2, 4])  # low-res versions S/r yielded with each image
+    batch_size: int = 16
+    num_workers: int = 2
+    shuffle_buffer: int = 1000
+    resampled: bool = True  # training draws shards with replacement (infinite stream)
+    batches_per_epoch: int = 500  # 0: until the shards run out (only without resampling)
+    val_batches: int = 0  # 0: the whole validation split
+    max_image_pixels: int = 64_000_000
+    synth: SynthShardsConfig | None = None
+
+
+@dataclass
+class TrainerConfig:
+    """Passed to lightning.Trainer as keyword arguments."""
+
+    accelerator: str = "cpu"
+    devices: Any = 1
+    strategy: str = "auto"
+    num_nodes: int = 1
+    precision: str = "32-true"
+    max_steps: int = -1
+    max_epochs: int | None = None
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    limit_val_batches: Any = None
+    log_every_n_steps: int = 50
+    enable_progress_bar: bool = True
+    fast_dev_run: Any = False
+    deterministic: bool = False
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "wandb"  # wandb | csv | none
+    project: str = "mulosd"
+    mode: str = "offline"  # wandb: online | offline | disabled
+    save_dir: str = "outputs/logs"
+    entity: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class InspectConfig:
+    num_batches: int = 20
+    grid_rows: int = 4  # rows of the saved picture of the first batch
+
+
+@dataclass
+class TrainConfig:
+    task: str = "fit"  # fit | inspect_data
+    seed: int = 0
+    run_name: str | None = None
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    inspect: InspectConfig = field(default_factory=InspectConfig)
+
+
+@dataclass
+class InferConfig:
+    prompt: str | None = "a red circle above a blue square on a striped green background"
+    prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
+    prompt_file: str | None = None  # one caption per line; used instead of both when given
+    seed: int = 0
+    batch_size: int = 8
+    size: int = 128
+    decoding: str = "reference"
+    out_dir: str | None = None  # default: Hydra's run directory
+
+
+TASKS = ("fit", "inspect_data")
+LOGGERS = ("wandb", "csv", "none")
+WANDB_MODES = ("online", "offline", "disabled")
+RATIOS = (2, 4)
+DECODINGS = ("reference",)  # the AR strategies join with the decoding issue
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="infer_schema", node=InferConfig)
+
+
+def check_keys(cfg: DictConfig, schema: type) -> None:
+    """Reject keys the schema does not have (Hydra lets `++key=value` add them past the schema)."""
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(cfg, resolve=False))
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        raise ConfigError(str(key), str(e).splitlines()[0]) from None
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def _one_of(value, options, key: str) -> None:
+    _require(value in options, key, f"{value!r} is not one of {', '.join(map(str, options))}")
+
+
+def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
+    _require(d.image_size >= 8 and d.image_size % 8 == 0, f"{key}.image_size",
+             f"must be a positive multiple of 8, got {d.image_size}")
+    for r in d.ratios:
+        _one_of(r, RATIOS, f"{key}.ratios")
+        _require(d.image_size % (8 * r) == 0, f"{key}.ratios",
+                 f"image_size {d.image_size} / {r} must still be a multiple of 8")
+    _require(d.batch_size >= 1, f"{key}.batch_size", f"must be >= 1, got {d.batch_size}")
+    _require(d.num_workers >= 0, f"{key}.num_workers", f"must be >= 0, got {d.num_workers}")
+    _require(d.shuffle_buffer >= 0, f"{key}.shuffle_buffer", f"must be >= 0, got {d.shuffle_buffer}")
+    _require(d.batches_per_epoch >= 0, f"{key}.batches_per_epoch", f"must be >= 0, got {d.batches_per_epoch}")
+    _require(d.batches_per_epoch > 0 or not d.resampled, f"{key}.batches_per_epoch",
+             "a resampled stream never ends: set batches_per_epoch > 0 or resampled=false")
+    _require(d.max_image_pixels > 0, f"{key}.max_image_pixels", "must be > 0")
+    if d.synth is None:
+        _require(bool(d.train_urls), f"{key}.train_urls", "no shards given (see data/README.md)")
+    else:
+        s = d.synth
+        for name in ("train_shards", "per_shard", "size"):
+            _require(s[name] >= 1, f"{key}.synth.{name}", f"must be >= 1, got {s[name]}")
+        _require(s.val_shards >= 0, f"{key}.synth.val_shards", "must be >= 0")
+        _one_of(s.image_format, ("png", "jpg"), f"{key}.synth.image_format")
+
+
+def validate_train(cfg: DictConfig) -> None:
+    check_keys(cfg, TrainConfig)
+    _one_of(cfg.task, TASKS, "task")
+    validate_data(cfg.data)
+    _one_of(cfg.logger.name, LOGGERS, "logger.name")
+    _one_of(cfg.logger.mode, WANDB_MODES, "logger.mode")
+    _require(cfg.inspect.num_batches >= 1, "inspect.num_batches", "must be >= 1")
+
+
+def validate_infer(cfg: DictConfig) -> None:
+    check_keys(cfg, InferConfig)
+    _one_of(cfg.decoding, DECODINGS, "decoding")
+    _require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")
+    _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    _require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "
+             "prompt_file=")

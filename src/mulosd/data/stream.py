@@ -1,0 +1,200 @@
+"""The webdataset stream every model trains on: shards -> samples -> checked, resized, batched tensors.
+
+One pipeline serves SynthScenes and LAION-COCO-Aesthetic alike (same members: image, `.txt` caption,
+optional `.json` metadata). Guarantees:
+- only the expected members are ever read from a tar (pickles and anything else are skipped unread);
+- every bad sample is dropped and counted by kind, logged at a decaying rate, with no sleeping;
+- images that need a conversion (grey, palette, alpha, 16-bit, CMYK) are converted correctly and counted;
+- shard resampling and shuffling are seeded per (rank, worker, epoch, seed): reproducible and distinct.
+
+Counters live in whichever process runs the pipeline (a DataLoader worker); each batch carries the counts
+accumulated since that worker's previous batch under the key "bad", and `StreamStats` sums them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import random
+import tarfile
+
+import numpy as np
+import torch
+import webdataset as wds
+from webdataset.utils import make_seed, pytorch_worker_info, pytorch_worker_seed
+
+from .images import IMAGE_EXTENSIONS, BadSample, downsample, load_rgb, square_resize
+
+log = logging.getLogger(__name__)
+
+CAPTION_EXTENSIONS = ("txt",)
+META_EXTENSIONS = ("json",)
+EXPECTED = frozenset(IMAGE_EXTENSIONS + CAPTION_EXTENSIONS + META_EXTENSIONS)
+
+# Dropped samples (or shards) by reason, and images kept after a conversion.
+SKIP_KINDS = ("unreadable_shard", "truncated_tar", "duplicate_member", "stream_error", "missing_image",
+              "corrupt_image", "too_large", "unsupported_image", "missing_caption")
+CONVERSION_KINDS = ("grayscale", "palette", "alpha", "sixteen_bit", "cmyk", "colorspace")
+OTHER_KINDS = ("bad_metadata", "ignored_member")
+
+
+def _member_extension(fname: str) -> str:
+    base = fname.rsplit("/", 1)[-1]
+    return base.split(".", 1)[1].lower() if "." in base else ""
+
+
+def expected_member(fname: str) -> bool:
+    """Select only images, captions and metadata; everything else (e.g. .pyd pickles) is never read."""
+    return _member_extension(fname) in EXPECTED
+
+
+class SampleCounter:
+    """Per-process counts of skipped, converted and odd samples, with rate-limited logging."""
+
+    def __init__(self, name: str = "stream"):
+        self.name = name
+        self.delta: collections.Counter = collections.Counter()
+        self.total: collections.Counter = collections.Counter()
+
+    def count(self, kind: str, detail: str = "") -> None:
+        self.delta[kind] += 1
+        self.total[kind] += 1
+        n = self.total[kind]
+        if n & (n - 1) == 0:  # log the 1st, 2nd, 4th, 8th, ... occurrence of each kind
+            log.warning("%s: %s #%d %s", self.name, kind, n, detail[:300])
+
+    def take(self) -> dict[str, int]:
+        """Counts since the previous call (what a batch carries)."""
+        out, self.delta = dict(self.delta), collections.Counter()
+        return out
+
+    def handler(self, exn: Exception) -> bool:
+        """webdataset exception handler: classify, count, continue (never sleeps, never re-raises)."""
+        text = str(exn)
+        if "duplicate file name" in text:
+            kind = "duplicate_member"
+        elif isinstance(exn, (tarfile.TarError, EOFError)) or "unexpected end" in text:
+            kind = "truncated_tar"
+        elif isinstance(exn, OSError):
+            kind = "unreadable_shard"
+        else:
+            kind = "stream_error"
+        self.count(kind, f"{type(exn).__name__}: {text}")
+        return True
+
+
+class WorkerShuffle:
+    """A shuffle buffer seeded by (seed, rank, worker, epoch): reproducible, and different in every worker.
+
+    webdataset's own `shuffle` is seeded by pid and time unless given a seed, and a fixed seed would give
+    every worker and epoch the same order.
+    """
+
+    def __init__(self, bufsize: int, seed: int):
+        self.bufsize, self.seed, self.epoch = bufsize, seed, -1
+
+    def __call__(self, src):
+        self.epoch += 1
+        rng = random.Random(make_seed(pytorch_worker_seed(), self.epoch, self.seed, 7919))
+        return wds.shuffle(self.bufsize, initial=min(self.bufsize, 100), rng=rng)(src)
+
+
+def to_tensor(image: np.ndarray) -> torch.Tensor:
+    """uint8 [H, W, 3] -> float [3, H, W] in [-1, 1]."""
+    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+
+
+class DecodeSamples:
+    """Turn raw tar samples into checked training samples; bad ones are counted and dropped whole."""
+
+    def __init__(self, counter: SampleCounter, image_size: int, ratios: tuple[int, ...], max_pixels: int):
+        self.counter, self.image_size, self.ratios, self.max_pixels = counter, image_size, ratios, max_pixels
+
+    def __call__(self, src):
+        for sample in src:
+            try:
+                yield self.decode(sample)
+            except BadSample as e:
+                self.counter.count(e.kind, f"{sample.get('__key__')} in {sample.get('__url__')}: {e}")
+
+    def decode(self, sample: dict) -> dict:
+        ignored = [k for k in sample if not k.startswith("__") and k not in EXPECTED]
+        for _ in ignored:
+            self.counter.count("ignored_member", f"{sample.get('__key__')}")
+        data = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
+        if data is None:
+            raise BadSample("missing_image", "no image member")
+        raw_caption = sample.get("txt")
+        try:
+            caption = raw_caption.decode("utf-8").strip() if raw_caption is not None else ""
+        except UnicodeDecodeError:
+            caption = ""
+        if not caption:
+            raise BadSample("missing_caption", "missing, empty or undecodable caption")
+        image, conversion = load_rgb(data, self.max_pixels)
+        if conversion:
+            self.counter.count(conversion, f"{sample.get('__key__')}")
+        meta = {}
+        if "json" in sample:
+            try:
+                meta = json.loads(sample["json"])
+                if not isinstance(meta, dict):
+                    raise ValueError("metadata is not an object")
+            except (ValueError, UnicodeDecodeError) as e:
+                self.counter.count("bad_metadata", f"{sample.get('__key__')}: {e}")
+                meta = {}
+        high = square_resize(image, self.image_size)
+        return {"key": sample["__key__"], "caption": caption, "meta": meta, "image": to_tensor(high),
+                "low": {r: to_tensor(downsample(high, r)) for r in self.ratios}}
+
+
+class Collate:
+    """Stack samples into a batch and attach this process's counter deltas."""
+
+    def __init__(self, counter: SampleCounter):
+        self.counter = counter
+
+    def __call__(self, samples: list[dict]) -> dict:
+        rank, _, worker, _ = pytorch_worker_info()
+        return {"key": [s["key"] for s in samples], "caption": [s["caption"] for s in samples],
+                "meta": [s["meta"] for s in samples],
+                "image": torch.stack([s["image"] for s in samples]),
+                "low": {r: torch.stack([s["low"][r] for s in samples]) for r in samples[0]["low"]},
+                "bad": self.counter.take(), "source": (rank, worker)}
+
+
+def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int, shuffle_buffer: int,
+                   resampled: bool, max_pixels: int, partial: bool, name: str = "stream") -> wds.DataPipeline:
+    """The full shard -> batch pipeline. `urls`: list or brace pattern of paths, `pipe:` commands, http(s)."""
+    counter = SampleCounter(name)
+    if resampled:  # infinite, with replacement, seeded per (rank, worker, epoch)
+        stages = [wds.ResampledShards(urls, seed=seed, deterministic=True)]
+    else:  # each shard once per epoch, split over ranks then workers
+        stages = [wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker]
+    stages.append(wds.tarfile_to_samples(handler=counter.handler, select_files=expected_member))
+    if shuffle_buffer > 0:
+        stages.append(WorkerShuffle(shuffle_buffer, seed))
+    stages += [DecodeSamples(counter, image_size, tuple(ratios), max_pixels),
+               wds.batched(batch_size, collation_fn=Collate(counter), partial=partial)]
+    return wds.DataPipeline(*stages)
+
+
+class StreamStats:
+    """Sums the per-batch counter deltas of every worker (what was skipped, converted or ignored)."""
+
+    def __init__(self):
+        self.counts: collections.Counter = collections.Counter()
+        self.samples = 0
+
+    def update(self, batch: dict) -> None:
+        self.counts.update(batch.get("bad", {}))
+        self.samples += len(batch["key"])
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.counts[k] for k in SKIP_KINDS)
+
+    def summary(self) -> str:
+        parts = [f"{k}={v}" for k, v in sorted(self.counts.items()) if v]
+        return f"{self.samples} samples, {self.skipped} skipped" + (f" ({', '.join(parts)})" if parts else "")
