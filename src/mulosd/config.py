@@ -7,6 +7,8 @@ what types cannot: keys smuggled in with `++`, and values out of range. Both end
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,3 +185,13 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     _require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "
              "prompt_file=")
+
+
+@contextlib.contextmanager
+def exit_on_config_error():
+    """Turn a ConfigError into one line on stderr and exit status 2, instead of a traceback."""
+    try:
+        yield
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -17,21 +17,25 @@ def _font(size: int = 12):
 
 def captioned_grid(images: list[np.ndarray], captions: list[str], cols: int = 4, tile: int = 192,
                    lines: int = 4) -> Image.Image:
-    """Tiles of uint8 RGB images (any sizes, shown at `tile` px, nearest-neighbour so pixels stay visible),
-    each with its caption wrapped underneath."""
+    """Tiles of uint8 RGB images shown `tile` px high (aspect kept, nearest-neighbour so pixels stay
+    visible), each with its caption wrapped underneath."""
     if len(images) != len(captions):
         raise ValueError(f"{len(images)} images but {len(captions)} captions")
+    if not images:
+        raise ValueError("no images to draw")
     font = _font()
     line_h = 14
-    chars = max(12, tile // 7)
+    widths = [round(tile * img.shape[1] / img.shape[0]) for img in images]
+    cell_w = max(widths)
+    chars = max(12, cell_w // 7)
     rows = (len(images) + cols - 1) // cols
     cell_h = tile + lines * line_h + 8
-    sheet = Image.new("RGB", (cols * (tile + 8) + 8, rows * cell_h + 8), (255, 255, 255))
+    sheet = Image.new("RGB", (cols * (cell_w + 8) + 8, rows * cell_h + 8), (255, 255, 255))
     draw = ImageDraw.Draw(sheet)
-    for i, (img, cap) in enumerate(zip(images, captions, strict=True)):
+    for i, (img, cap, w) in enumerate(zip(images, captions, widths, strict=True)):
         r, c = divmod(i, cols)
-        x, y = 8 + c * (tile + 8), 8 + r * cell_h
-        sheet.paste(Image.fromarray(img).resize((tile, tile), Image.Resampling.NEAREST), (x, y))
+        x, y = 8 + c * (cell_w + 8), 8 + r * cell_h
+        sheet.paste(Image.fromarray(img).resize((w, tile), Image.Resampling.NEAREST), (x, y))
         wrapped = textwrap.wrap(cap, chars)[:lines]
         for j, line in enumerate(wrapped):
             draw.text((x, y + tile + 3 + j * line_h), line, fill=(20, 20, 20), font=font)

@@ -33,8 +33,8 @@ META_EXTENSIONS = ("json",)
 EXPECTED = frozenset(IMAGE_EXTENSIONS + CAPTION_EXTENSIONS + META_EXTENSIONS)
 
 # Dropped samples (or shards) by reason, and images kept after a conversion.
-SKIP_KINDS = ("unreadable_shard", "truncated_tar", "duplicate_member", "stream_error", "missing_image",
-              "corrupt_image", "too_large", "unsupported_image", "missing_caption")
+SKIP_KINDS = ("unreadable_shard", "truncated_tar", "duplicate_member", "missing_image", "corrupt_image",
+              "too_large", "unsupported_image", "missing_caption")
 CONVERSION_KINDS = ("grayscale", "palette", "alpha", "sixteen_bit", "cmyk", "colorspace")
 OTHER_KINDS = ("bad_metadata", "ignored_member")
 
@@ -42,11 +42,6 @@ OTHER_KINDS = ("bad_metadata", "ignored_member")
 def _member_extension(fname: str) -> str:
     base = fname.rsplit("/", 1)[-1]
     return base.split(".", 1)[1].lower() if "." in base else ""
-
-
-def expected_member(fname: str) -> bool:
-    """Select only images, captions and metadata; everything else (e.g. .pyd pickles) is never read."""
-    return _member_extension(fname) in EXPECTED
 
 
 class SampleCounter:
@@ -64,23 +59,70 @@ class SampleCounter:
         if n & (n - 1) == 0:  # log the 1st, 2nd, 4th, 8th, ... occurrence of each kind
             log.warning("%s: %s #%d %s", self.name, kind, n, detail[:300])
 
+    def select(self, fname: str) -> bool:
+        """Tar member filter: only images, captions and metadata are read; anything else (a .pyd pickle,
+        say) is counted and skipped without reading its bytes."""
+        if _member_extension(fname) in EXPECTED:
+            return True
+        self.count("ignored_member", fname)
+        return False
+
     def take(self) -> dict[str, int]:
         """Counts since the previous call (what a batch carries)."""
         out, self.delta = dict(self.delta), collections.Counter()
         return out
 
-    def handler(self, exn: Exception) -> bool:
-        """webdataset exception handler: classify, count, continue (never sleeps, never re-raises)."""
-        text = str(exn)
-        if "duplicate file name" in text:
-            kind = "duplicate_member"
-        elif isinstance(exn, (tarfile.TarError, EOFError)) or "unexpected end" in text:
-            kind = "truncated_tar"
-        elif isinstance(exn, OSError):
-            kind = "unreadable_shard"
-        else:
-            kind = "stream_error"
-        self.count(kind, f"{type(exn).__name__}: {text}")
+    def open_failed(self, exn: Exception) -> bool:
+        """webdataset handler for shards that cannot be opened: count, continue (no sleep, no re-raise)."""
+        self.count("unreadable_shard", f"{type(exn).__name__}: {exn}")
+        return True
+
+
+class TarSamples:
+    """Read tar shards into samples {__key__, __url__, ext: bytes} — whole samples only.
+
+    Replaces webdataset's tarfile_to_samples, which yields the half-read sample of a truncated shard (with
+    `ignore_and_continue`), reports one truncation twice, and keeps going after a duplicate member. Here a
+    shard that breaks off drops its unfinished sample and counts one `truncated_tar`; a sample with a
+    duplicated member is dropped whole; members that are not image, caption or metadata are never read.
+    """
+
+    def __init__(self, counter: SampleCounter):
+        self.counter = counter
+
+    def __call__(self, src):
+        for source in wds.tariterators.url_opener(src, handler=self.counter.open_failed):
+            url, stream = source["url"], source["stream"]
+            current = None
+            try:
+                with tarfile.open(fileobj=stream, mode="r|*") as tar:
+                    for info in tar:
+                        if not info.isreg() or not self.counter.select(info.name):
+                            continue
+                        key, ext = wds.tariterators.base_plus_ext(info.name)
+                        if key is None:
+                            continue
+                        if current is None or key != current["__key__"]:
+                            if current is not None and self._complete(current):
+                                yield current
+                            current = {"__key__": key, "__url__": url}
+                        ext = ext.lower()
+                        if ext in current:
+                            current["__duplicate__"] = ext
+                        current[ext] = tar.extractfile(info).read()
+                if current is not None and self._complete(current):
+                    yield current
+            except (tarfile.TarError, EOFError, OSError) as e:
+                self.counter.count("truncated_tar", f"{url}: {type(e).__name__}: {e} (dropped "
+                                                    f"{current['__key__'] if current else 'no'} partial sample)")
+            finally:
+                stream.close()
+
+    def _complete(self, sample: dict) -> bool:
+        if "__duplicate__" in sample:
+            self.counter.count("duplicate_member", f"{sample['__key__']}.{sample['__duplicate__']} in "
+                                                   f"{sample['__url__']}")
+            return False
         return True
 
 
@@ -102,7 +144,7 @@ class WorkerShuffle:
 
 def to_tensor(image: np.ndarray) -> torch.Tensor:
     """uint8 [H, W, 3] -> float [3, H, W] in [-1, 1]."""
-    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
 
 
 class DecodeSamples:
@@ -119,9 +161,6 @@ class DecodeSamples:
                 self.counter.count(e.kind, f"{sample.get('__key__')} in {sample.get('__url__')}: {e}")
 
     def decode(self, sample: dict) -> dict:
-        ignored = [k for k in sample if not k.startswith("__") and k not in EXPECTED]
-        for _ in ignored:
-            self.counter.count("ignored_member", f"{sample.get('__key__')}")
         data = next((sample[e] for e in IMAGE_EXTENSIONS if e in sample), None)
         if data is None:
             raise BadSample("missing_image", "no image member")
@@ -172,7 +211,7 @@ def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int,
         stages = [wds.ResampledShards(urls, seed=seed, deterministic=True)]
     else:  # each shard once per epoch, split over ranks then workers
         stages = [wds.SimpleShardList(urls), wds.split_by_node, wds.split_by_worker]
-    stages.append(wds.tarfile_to_samples(handler=counter.handler, select_files=expected_member))
+    stages.append(TarSamples(counter))
     if shuffle_buffer > 0:
         stages.append(WorkerShuffle(shuffle_buffer, seed))
     stages += [DecodeSamples(counter, image_size, tuple(ratios), max_pixels),
@@ -198,3 +237,8 @@ class StreamStats:
     def summary(self) -> str:
         parts = [f"{k}={v}" for k, v in sorted(self.counts.items()) if v]
         return f"{self.samples} samples, {self.skipped} skipped" + (f" ({', '.join(parts)})" if parts else "")
+
+
+def to_image(tensor: torch.Tensor) -> np.ndarray:
+    """float [3, H, W] in [-1, 1] -> uint8 [H, W, 3]."""
+    return ((tensor.detach().float().cpu() + 1.0) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 0).numpy()

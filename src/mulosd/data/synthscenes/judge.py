@@ -214,12 +214,12 @@ class SelftestResult:
         return self.table[(size, degradation)][category]
 
 
-def selftest(n: int, seed: int = 12345, sizes=(32, 64, 128), degraded_size: int = 128,
-             progress: bool = False) -> SelftestResult:
-    """Judge `n` scenes (positive and falsified caption each) at every size, clean and degraded."""
+def selftest(n: int, seed: int = 12345, sizes=(32, 64, 128), degradations=("blur", "jpeg"),
+             degraded_size: int = 128, progress: bool = False) -> SelftestResult:
+    """Judge `n` scenes (true and falsified caption each) clean at every size, and degraded at one size."""
     from tqdm import tqdm
 
-    conditions = [(s, "clean") for s in sizes] + [(degraded_size, d) for d in ("blur", "jpeg")]
+    conditions = [(s, "clean") for s in sizes] + [(degraded_size, d) for d in degradations]
     hits = {c: {} for c in conditions}
     for i in tqdm(range(n), desc="judge self-test", disable=not progress):
         scene = sample_scene(seed, i)

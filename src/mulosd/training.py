@@ -1,0 +1,101 @@
+"""What `python train.py` runs: validate the config, then run its task.
+
+Tasks: `fit` trains the model an experiment names (the tokenizer, AR models and samplers join with their
+issues); `inspect_data` streams batches through the data pipeline and reports what it saw.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
+
+from .config import ConfigError, validate_train
+from .data.datamodule import ShardDataModule
+from .data.stream import to_image
+from .viz import captioned_grid
+
+log = logging.getLogger(__name__)
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def available_experiments() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+
+
+def build_datamodule(cfg: DictConfig) -> ShardDataModule:
+    d = cfg.data
+    return ShardDataModule(train_urls=d.train_urls, val_urls=d.val_urls, image_size=d.image_size, ratios=d.ratios,
+                           batch_size=d.batch_size, num_workers=d.num_workers, shuffle_buffer=d.shuffle_buffer,
+                           resampled=d.resampled, batches_per_epoch=d.batches_per_epoch,
+                           val_batches=d.val_batches, max_image_pixels=d.max_image_pixels, seed=cfg.seed,
+                           synth=d.synth)
+
+
+def build_logger(cfg: DictConfig):
+    """The configured Lightning logger, or False. W&B gets the config as a plain dict (never a DictConfig)."""
+    lg = cfg.logger
+    if lg.name == "none":
+        return False
+    Path(lg.save_dir).mkdir(parents=True, exist_ok=True)
+    if lg.name == "csv":
+        from lightning.pytorch.loggers import CSVLogger
+
+        return CSVLogger(lg.save_dir, name=cfg.run_name or "mulosd")
+    from lightning.pytorch.loggers import WandbLogger
+
+    return WandbLogger(project=lg.project, save_dir=lg.save_dir, name=cfg.run_name, entity=lg.entity,
+                       tags=list(lg.tags), mode=lg.mode, config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir: Path | None = None) -> L.Trainer:
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    return L.Trainer(logger=logger, callbacks=list(callbacks), default_root_dir=default_root_dir, **kwargs)
+
+
+def fit(cfg: DictConfig, run_dir: Path) -> None:
+    raise ConfigError("experiment", "no model to train is selected; choose one of: "
+                      + ", ".join(available_experiments()))
+
+
+def inspect_data(cfg: DictConfig, run_dir: Path) -> dict:
+    """Stream `inspect.num_batches` batches: throughput, skipped/converted counts, and a picture of batch 0."""
+    dm = build_datamodule(cfg)
+    dm.prepare_data()
+    stats, n = dm.stats["train"], cfg.inspect.num_batches
+    first, start, warm = None, time.perf_counter(), None
+    for i, batch in enumerate(tqdm(dm.train_dataloader(), total=n, desc="streaming", unit="batch")):
+        stats.update(batch)
+        if first is None:
+            first, warm = batch, time.perf_counter()
+        if i + 1 >= n:
+            break
+    if first is None:
+        raise ConfigError("data.train_urls", f"no batch came out of {dm.train_urls}: {stats.summary()}")
+    elapsed = time.perf_counter() - warm
+    rate = (stats.samples - len(first["key"])) / elapsed if elapsed > 0 and stats.samples > len(first["key"]) else 0.0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tiles = []
+    for j in range(min(len(first["key"]), cfg.inspect.grid_rows * 4)):
+        size = first["image"].shape[-1]
+        views = [to_image(first["image"][j])]
+        views += [np.kron(to_image(first["low"][r][j]), np.ones((r, r, 1), dtype=np.uint8)) for r in first["low"]]
+        tiles.append(np.concatenate(views, axis=1)[:size])
+    ratios = ", ".join(f"/{r}" for r in first["low"])
+    picture = run_dir / "batch0.png"
+    captioned_grid(tiles, first["caption"][:len(tiles)], cols=4, tile=128, lines=3).save(picture)
+    print(f"inspect_data: {stats.summary()}")
+    print(f"inspect_data: {rate:.1f} samples/s after the first batch (first batch after "
+          f"{warm - start:.1f} s); batch 0 (full size | {ratios}) -> {picture}")
+    return {"samples": stats.samples, "counts": dict(stats.counts), "samples_per_s": rate, "picture": str(picture)}
+
+
+def run(cfg: DictConfig, run_dir: Path):
+    validate_train(cfg)
+    L.seed_everything(cfg.seed, workers=True, verbose=False)
+    return {"fit": fit, "inspect_data": inspect_data}[cfg.task](cfg, run_dir)
