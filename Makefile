@@ -16,6 +16,7 @@ demo: setup
 	$(PY) -m mulosd.data.synthscenes preview --out outputs/preview.png
 
 test: setup
+	.venv/bin/ruff check src tests train.py infer.py
 	$(PY) -m pytest -q
 
 lint: setup

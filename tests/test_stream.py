@@ -155,7 +155,7 @@ def test_resampled_stream_is_reproducible_and_distinct_per_worker(synth_shards):
     assert a == b
     assert _keys(_dm(urls, 1, 2), 6) != a
     per_worker = {}
-    for (rank, worker), keys in a:
+    for (_rank, worker), keys in a:
         per_worker.setdefault(worker, []).extend(keys)
     assert set(per_worker) == {0, 1}
     assert per_worker[0] != per_worker[1]

@@ -1,9 +1,19 @@
 import numpy as np
 import pytest
 
-from mulosd.data.synthscenes import (CaptionError, ObjectSpec, Prompt, caption_text, judge, parse_caption, realise,
-                                     render, sample_prompt, sample_scene)
-from mulosd.data.synthscenes import vocab
+from mulosd.data.synthscenes import (
+    CaptionError,
+    ObjectSpec,
+    Prompt,
+    caption_text,
+    judge,
+    parse_caption,
+    realise,
+    render,
+    sample_prompt,
+    sample_scene,
+    vocab,
+)
 from mulosd.data.synthscenes.judge import falsify, selftest
 from mulosd.data.synthscenes.scene import Scene
 

@@ -29,6 +29,7 @@ from .scene import ObjectSpec, Prompt, Scene, sample_scene
 OBJECT_MIN_SATURATION = 0.5  # backgrounds are drawn at saturation 0.3, objects at ~0.8
 OBJECT_MIN_VALUE = 0.18
 MIN_AREA = 0.0015  # smallest object component, as a fraction of the image (smallest real object: ~0.011)
+MIN_MATCH = 0.45  # below this a component is no shape: e.g. the hue fringe where orange meets green
 RELATION_MARGIN = 0.05  # centroids must differ by this fraction of the image side
 GREY_MAX_SATURATION = 0.12
 
@@ -133,6 +134,8 @@ def detect(image: np.ndarray) -> tuple[list[Detection], str]:
             if area < MIN_AREA:
                 continue
             shape, match = _classify_shape(component)
+            if match < MIN_MATCH:
+                continue
             rows, cols = np.nonzero(component)
             detections.append(Detection(shape, name, (cols.mean() + sl[1].start + 0.5) / w,
                                         (rows.mean() + sl[0].start + 0.5) / h, float(area), match))

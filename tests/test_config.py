@@ -1,0 +1,122 @@
+import shutil
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from mulosd.config import ConfigError, validate_infer, validate_train
+from mulosd.training import available_experiments, build_logger, build_trainer
+
+from .conftest import ROOT, compose_config
+
+GROUPS = {g: sorted(p.stem for p in (ROOT / "conf" / g).glob("*.yaml")) for g in ("data", "trainer", "logger")}
+LAION = "data.train_urls='/tmp/none/{00000..00003}.tar'"  # braces need quotes in Hydra overrides
+
+
+@pytest.mark.parametrize("group, option", [(g, o) for g, opts in GROUPS.items() for o in opts])
+def test_every_group_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"] + ([LAION] if option == "laion_coco_aesthetic" else [])
+    cfg = compose_config("train", overrides)
+    validate_train(cfg)
+    assert OmegaConf.select(cfg, group) is not None
+
+
+@pytest.mark.parametrize("experiment", available_experiments())
+def test_every_experiment_composes(experiment):
+    validate_train(compose_config("train", [f"experiment={experiment}"]))
+
+
+def test_infer_config_composes():
+    validate_infer(compose_config("infer"))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.no_such_key=1", "no_such_key"),
+    ("data.batchsize=4", "batchsize"),
+    ("trainer.max_steps=abc", "trainer.max_steps"),
+    ("data.synth.per_shard=many", "data.synth.per_shard"),
+])
+def test_typos_and_wrong_types_fail_at_composition_naming_the_key(override, key):
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as e:
+        compose_config("train", [override])
+    text = str(e.value) + str(getattr(e.value, "__cause__", ""))
+    assert key in text
+
+
+@pytest.mark.parametrize("override, key", [
+    ("++trainer.max_step=10", "trainer.max_step"),
+    ("data.ratios=[3]", "data.ratios"),
+    ("data.image_size=100", "data.image_size"),
+    ("data.batch_size=0", "data.batch_size"),
+    ("task=train", "task"),
+    ("logger.name=tensorboard", "logger.name"),
+    ("data.resampled=true data.batches_per_epoch=0", "data.batches_per_epoch"),
+])
+def test_out_of_range_values_are_named(override, key):
+    cfg = compose_config("train", override.split())
+    with pytest.raises(ConfigError) as e:
+        validate_train(cfg)
+    assert e.value.key == key
+
+
+def test_laion_without_shards_is_refused():
+    with pytest.raises((ConfigCompositionException, OmegaConfBaseException, ConfigError)) as e:
+        validate_train(compose_config("train", ["data=laion_coco_aesthetic"]))
+    assert "train_urls" in str(e.value)
+
+
+def test_yaml_typo_fails_at_composition(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    path = conf / "data" / "synthscenes.yaml"
+    path.write_text(path.read_text().replace("batch_size:", "batchsize:"))
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        with pytest.raises((ConfigCompositionException, OmegaConfBaseException)) as e:
+            compose(config_name="train")
+    assert "batchsize" in str(e.value) + str(e.value.__cause__)
+
+
+def test_trainer_and_loggers_build_from_config(tmp_path):
+    cfg = compose_config("train", [f"logger.save_dir={tmp_path}"])
+    trainer = build_trainer(cfg, default_root_dir=tmp_path)
+    assert trainer.max_steps == -1 and type(trainer.accelerator).__name__ == "CPUAccelerator"
+    for name in ("csv", "none"):
+        cfg = compose_config("train", [f"logger={name}", f"logger.save_dir={tmp_path}"] if name == "csv"
+                             else [f"logger={name}"])
+        logger = build_logger(cfg)
+        assert (logger is False) == (name == "none")
+    cfg = compose_config("train", [f"logger.save_dir={tmp_path}", "logger.mode=disabled"])
+    assert type(build_logger(cfg)).__name__ == "WandbLogger"
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_cli_typo_exits_nonzero_naming_the_key():
+    r = _run("train.py", "trainer.no_such_key=1")
+    assert r.returncode != 0 and "no_such_key" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) <= 10
+
+
+@pytest.mark.parametrize("script, override, key", [
+    ("train.py", "++data.num_worker=3", "data.num_worker"),
+    ("train.py", "data.ratios=[8]", "data.ratios"),
+    ("infer.py", "prompt=a red dog", "dog"),
+    ("infer.py", "decoding=magic", "decoding"),
+    ("infer.py", "size=12", "size"),
+])
+def test_cli_bad_values_are_one_line_errors(script, override, key):
+    r = _run(script, override, "hydra.run.dir=/tmp/mulosd-test-run")
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0]
+
+
+def test_fit_without_a_model_names_the_experiments():
+    r = _run("train.py", "hydra.run.dir=/tmp/mulosd-test-run")
+    assert r.returncode == 2 and "inspect_data" in r.stderr
