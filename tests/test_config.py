@@ -54,7 +54,7 @@ def test_typos_and_wrong_types_fail_at_composition_naming_the_key(override, key)
     ("data.batch_size=0", "data.batch_size"),
     ("task=train", "task"),
     ("logger.name=tensorboard", "logger.name"),
-    ("data.resampled=true data.batches_per_epoch=0", "data.batches_per_epoch"),
+    ("data.batches_per_epoch=-1", "data.batches_per_epoch"),
 ])
 def test_out_of_range_values_are_named(override, key):
     cfg = compose_config("train", override.split())

@@ -16,6 +16,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .losses.image_loss import ImageLossConfig
+from .tokenizer.vq import VQConfig
+
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message starts with the full key."""
@@ -49,7 +52,7 @@ class DataConfig:
     num_workers: int = 2
     shuffle_buffer: int = 1000
     resampled: bool = True  # training draws shards with replacement (infinite stream)
-    batches_per_epoch: int = 500  # 0: until the shards run out (only without resampling)
+    batches_per_epoch: int = 0  # 0: one endless epoch with resampling (training stops at max_steps)
     val_batches: int = 0  # 0: the whole validation split
     max_image_pixels: int = 64_000_000
     synth: SynthShardsConfig | None = None
@@ -92,10 +95,43 @@ class InspectConfig:
 
 
 @dataclass
+class OptimConfig:
+    lr: float = 2e-4
+    d_lr: float = 2e-4
+    betas: list[float] = field(default_factory=lambda: [0.5, 0.9])
+    clip_g: float = 1.0  # gradient-norm clipping per optimizer (manual optimisation)
+    clip_d: float = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    batches: int = 3000  # training length in batches (Lightning's max_steps counts optimizer steps: 2 per batch)
+    crop: int = 64  # random crop of the full-size image; the low-res versions are used whole
+    seed: int = 0  # the module's own generator (crops)
+    ckpt_every: int = 250  # batches
+    val_every: int = 500  # batches
+    val_batches: int = 4
+
+
+@dataclass
+class TokenizerModelConfig:
+    name: str = "tokenizer"
+    vq: VQConfig = field(default_factory=VQConfig)
+    loss: ImageLossConfig = field(default_factory=ImageLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig}
+
+
+@dataclass
 class TrainConfig:
     task: str = "fit"  # fit | inspect_data
     seed: int = 0
     run_name: str | None = None
+    ckpt_path: str | None = None  # resume from this checkpoint (e.g. RUN/checkpoints/last.ckpt)
+    model: Any = None  # one of MODEL_SCHEMAS, chosen by the `model` config group
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -127,13 +163,14 @@ def register_configs() -> None:
     cs.store(name="infer_schema", node=InferConfig)
 
 
-def check_keys(cfg: DictConfig, schema: type) -> None:
-    """Reject keys the schema does not have (Hydra lets `++key=value` add them past the schema)."""
+def check_keys(cfg: DictConfig, schema: type, prefix: str = "") -> DictConfig:
+    """Reject keys the schema does not have (Hydra lets `++key=value` add them past the schema) and values
+    of the wrong type; returns the config merged onto the schema (typed, defaults filled in)."""
     try:
-        OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(cfg, resolve=False))
+        return OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.to_container(cfg, resolve=True))
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "config"
-        raise ConfigError(str(key), str(e).splitlines()[0]) from None
+        key = prefix + str(getattr(e, "full_key", None) or "")
+        raise ConfigError(key or "config", str(e).splitlines()[0]) from None
 
 
 def _require(ok: bool, key: str, message: str) -> None:
@@ -156,8 +193,6 @@ def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
     _require(d.num_workers >= 0, f"{key}.num_workers", f"must be >= 0, got {d.num_workers}")
     _require(d.shuffle_buffer >= 0, f"{key}.shuffle_buffer", f"must be >= 0, got {d.shuffle_buffer}")
     _require(d.batches_per_epoch >= 0, f"{key}.batches_per_epoch", f"must be >= 0, got {d.batches_per_epoch}")
-    _require(d.batches_per_epoch > 0 or not d.resampled, f"{key}.batches_per_epoch",
-             "a resampled stream never ends: set batches_per_epoch > 0 or resampled=false")
     _require(d.max_image_pixels > 0, f"{key}.max_image_pixels", "must be > 0")
     if d.synth is None:
         _require(bool(d.train_urls), f"{key}.train_urls", "no shards given (see data/README.md)")
@@ -169,9 +204,35 @@ def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
         _one_of(s.image_format, ("png", "jpg"), f"{key}.synth.image_format")
 
 
+def validate_model(m: DictConfig) -> DictConfig:
+    _require("name" in m, "model.name", "missing")
+    _one_of(m.name, tuple(MODEL_SCHEMAS), "model.name")
+    m = check_keys(m, MODEL_SCHEMAS[m.name], prefix="model.")
+    vq, loss, t = m.vq, m.loss, m.train
+    _require(len(vq.ch_mult) >= 2, "model.vq.ch_mult", "needs at least two levels")
+    _one_of(2 ** (len(vq.ch_mult) - 1), (8, 16), "model.vq.ch_mult (downsample factor 2**(len-1))")
+    _require(vq.codebook_size >= 2, "model.vq.codebook_size", "must be >= 2")
+    _one_of(loss.pixel, ("l1", "mse"), "model.loss.pixel")
+    _one_of(loss.lpips_net, ("alex", "vgg"), "model.loss.lpips_net")
+    _one_of(loss.gan, ("hinge", "nonsaturating", "none"), "model.loss.gan")
+    _require(loss.disc_start >= 0, "model.loss.disc_start", "must be >= 0")
+    _require(m.optim.lr > 0 and m.optim.d_lr > 0, "model.optim.lr", "learning rates must be > 0")
+    _require(t.batches >= 1, "model.train.batches", "must be >= 1")
+    _require(t.crop % 2 ** (len(vq.ch_mult) - 1) == 0 and t.crop > 0, "model.train.crop",
+             f"must be a positive multiple of the downsample factor {2 ** (len(vq.ch_mult) - 1)}")
+    for name in ("ckpt_every", "val_every", "val_batches"):
+        _require(t[name] >= 1, f"model.train.{name}", "must be >= 1")
+    return m
+
+
 def validate_train(cfg: DictConfig) -> None:
     check_keys(cfg, TrainConfig)
     _one_of(cfg.task, TASKS, "task")
+    if cfg.model is not None:
+        validate_model(cfg.model)
+    elif cfg.task == "fit":
+        raise ConfigError("model", "no model to train: choose an experiment (python train.py experiment=NAME; "
+                          "see conf/experiment/)")
     validate_data(cfg.data)
     _one_of(cfg.logger.name, LOGGERS, "logger.name")
     _one_of(cfg.logger.mode, WANDB_MODES, "logger.mode")

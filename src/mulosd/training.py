@@ -7,6 +7,7 @@ issues); `inspect_data` streams batches through the data pipeline and reports wh
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .config import ConfigError, validate_train
+from .config import ConfigError, validate_model, validate_train
 from .data.datamodule import ShardDataModule
 from .data.stream import to_image
 from .viz import captioned_grid
@@ -53,14 +54,65 @@ def build_logger(cfg: DictConfig):
                        tags=list(lg.tags), mode=lg.mode, config=OmegaConf.to_container(cfg, resolve=True))
 
 
-def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir: Path | None = None) -> L.Trainer:
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir: Path | None = None,
+                  **overrides) -> L.Trainer:
+    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True) | overrides
     return L.Trainer(logger=logger, callbacks=list(callbacks), default_root_dir=default_root_dir, **kwargs)
 
 
-def fit(cfg: DictConfig, run_dir: Path) -> None:
-    raise ConfigError("experiment", "no model to train is selected; choose one of: "
-                      + ", ".join(available_experiments()))
+def build_module(model_cfg: DictConfig) -> L.LightningModule:
+    """The LightningModule for a validated `model` config, built from plain containers only."""
+    m = OmegaConf.to_container(validate_model(model_cfg), resolve=True)
+    if m["name"] == "tokenizer":
+        from .lit.tokenizer import TokenizerModule
+
+        return TokenizerModule(vq=m["vq"], loss=m["loss"], optim=m["optim"], train=m["train"])
+    raise ConfigError("model.name", f"unknown model {m['name']!r}")
+
+
+def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
+    """Train cfg.model; checkpoints every `model.train.ckpt_every` batches under RUN/checkpoints (last.ckpt
+    to resume with ckpt_path=...), then export the weights to RUN/export (safetensors + config.json)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+
+    from .lit.resume import AtomicCheckpointIO
+
+    if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError("ckpt_path", f"{cfg.ckpt_path} does not exist (refusing to silently start fresh)")
+    if cfg.trainer.max_steps != -1:
+        raise ConfigError("trainer.max_steps", "set the length with model.train.batches instead")
+    module = build_module(cfg.model)
+    sched = cfg.model.train
+    per_batch = module.optimizer_steps_per_batch
+    ckpt_dir = run_dir / "checkpoints"
+    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="batch{step}", every_n_train_steps=per_batch * sched.ckpt_every,
+                                 save_last=True, save_top_k=1, auto_insert_metric_name=False),
+                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
+    # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
+    fast = {"fast_dev_run": per_batch * int(cfg.trainer.fast_dev_run)} if cfg.trainer.fast_dev_run else {}
+    trainer = build_trainer(cfg, build_logger(cfg), callbacks, default_root_dir=run_dir, **fast,
+                            max_steps=per_batch * sched.batches, val_check_interval=sched.val_every,
+                            check_val_every_n_epoch=None, limit_val_batches=sched.val_batches,
+                            plugins=[AtomicCheckpointIO()])
+    dm = build_datamodule(cfg)
+    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    if trainer.received_sigterm:  # Lightning exits 0 on SIGTERM; a scheduler must see the interruption
+        print(f"interrupted by SIGTERM at batch {module.batches_seen}; resume with ckpt_path={ckpt_dir}/last.ckpt")
+        sys.exit(143)
+    print(f"trained {module.batches_seen} batches ({dm.stats['train'].summary()})")
+    if not cfg.trainer.fast_dev_run:
+        out = module.export(run_dir / "export", recipe=_recipe())
+        print(f"exported -> {out}")
+    return module
+
+
+def _recipe() -> str:
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        return "python train.py " + " ".join(HydraConfig.get().overrides.task)
+    except ValueError:
+        return "python train.py (composed programmatically)"
 
 
 def inspect_data(cfg: DictConfig, run_dir: Path) -> dict:

@@ -43,6 +43,8 @@ class ShardDataModule(L.LightningDataModule):
         self.batches_per_epoch, self.val_batches = batches_per_epoch, val_batches
         self.max_image_pixels, self.seed = max_image_pixels, seed
         self.stats = {"train": StreamStats(), "val": StreamStats()}
+        self.train_batches = 0  # batches handed to training_step so far (checkpointed, for exact resume)
+        self.skip_batches = 0
 
     def prepare_data(self) -> None:
         """Write missing SynthScenes shards (rank 0 only, as Lightning calls it)."""
@@ -59,11 +61,19 @@ class ShardDataModule(L.LightningDataModule):
                                   batch_size=self.batch_size, seed=self.seed,
                                   shuffle_buffer=self.shuffle_buffer if train else 0,
                                   resampled=self.resampled and train, max_pixels=self.max_image_pixels,
-                                  partial=not train, name="train" if train else "val")
+                                  partial=not train, name="train" if train else "val",
+                                  skip_batches=self.skip_batches if train else 0)
         loader = wds.WebLoader(pipeline, batch_size=None, num_workers=self.num_workers,
                                persistent_workers=train and self.num_workers > 0)
         n = self.batches_per_epoch if train else self.val_batches
         return loader.with_epoch(n) if n > 0 else loader
+
+    def state_dict(self) -> dict:
+        return {"train_batches": self.train_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        """On resume: the next train loader skips what the interrupted run's training steps consumed."""
+        self.train_batches = self.skip_batches = int(state["train_batches"])
 
     def train_dataloader(self):
         return self._loader(self.train_urls, train=True)
@@ -75,5 +85,7 @@ class ShardDataModule(L.LightningDataModule):
         """Keep the workers' bad-sample counts out of the model's batch and in `self.stats`."""
         split = "train" if self.trainer is None or self.trainer.training else "val"
         self.stats[split].update(batch)
+        if split == "train":
+            self.train_batches += 1
         batch.pop("bad", None)
         return batch

@@ -188,6 +188,26 @@ class DecodeSamples:
                 "low": {r: to_tensor(downsample(high, r)) for r in self.ratios}}
 
 
+class SkipBatches:
+    """Drop the samples of the first `batches` batches a DataLoader already delivered (exact resume).
+
+    A DataLoader with W workers delivers batches round-robin (batch k comes from worker k mod W), and each
+    worker's stream is a pure function of (seed, rank, worker), so worker w skips its share of the batches
+    and the resumed stream continues exactly where the interrupted one stopped.
+    """
+
+    def __init__(self, batches: int, batch_size: int):
+        self.batches, self.batch_size = batches, batch_size
+
+    def __call__(self, src):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = self.batches // workers + (1 if worker < self.batches % workers else 0)
+        for i, sample in enumerate(src):
+            if i >= mine * self.batch_size:
+                yield sample
+
+
 class Collate:
     """Stack samples into a batch and attach this process's counter deltas."""
 
@@ -204,7 +224,8 @@ class Collate:
 
 
 def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int, shuffle_buffer: int,
-                   resampled: bool, max_pixels: int, partial: bool, name: str = "stream") -> wds.DataPipeline:
+                   resampled: bool, max_pixels: int, partial: bool, name: str = "stream",
+                   skip_batches: int = 0) -> wds.DataPipeline:
     """The full shard -> batch pipeline. `urls`: list or brace pattern of paths, `pipe:` commands, http(s)."""
     counter = SampleCounter(name)
     if resampled:  # infinite, with replacement, seeded per (rank, worker, epoch)
@@ -214,8 +235,10 @@ def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int,
     stages.append(TarSamples(counter))
     if shuffle_buffer > 0:
         stages.append(WorkerShuffle(shuffle_buffer, seed))
-    stages += [DecodeSamples(counter, image_size, tuple(ratios), max_pixels),
-               wds.batched(batch_size, collation_fn=Collate(counter), partial=partial)]
+    stages.append(DecodeSamples(counter, image_size, tuple(ratios), max_pixels))
+    if skip_batches:
+        stages.append(SkipBatches(skip_batches, batch_size))
+    stages.append(wds.batched(batch_size, collation_fn=Collate(counter), partial=partial))
     return wds.DataPipeline(*stages)
 
 

@@ -1,0 +1,1 @@
+"""LightningModules: thin wiring of models, losses, optimisers, logging and exact resume."""

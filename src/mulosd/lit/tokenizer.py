@@ -1,0 +1,158 @@
+"""LightningModule that trains the VQ tokenizer: L1 + LPIPS + PatchGAN, manual G/D optimisation.
+
+Each batch trains on several views of the same scenes: a random crop of the full-size image and the
+whole low-res versions the stream yields (64 and 32 px for 128 px scenes), so one tokenizer encodes every
+resolution the drafters and verifiers use. Crops draw from a generator owned by the module, so the global
+RNG (touched by Lightning when it builds loaders) cannot change what a resumed run trains on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+import numpy as np
+import torch
+
+from ..data.stream import to_image
+from ..losses import ImageLoss, ImageLossConfig
+from ..tokenizer import VQConfig, VQModel
+from ..viz import captioned_grid
+from .resume import assert_finite, rng_state, set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-image PSNR in dB for images in [-1, 1]."""
+    mse = ((a.float().clamp(-1, 1) - b.float().clamp(-1, 1)) / 2).pow(2).flatten(1).mean(1)
+    return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
+
+
+class TokenizerModule(L.LightningModule):
+    def __init__(self, vq: dict, loss: dict, optim: dict, train: dict):
+        super().__init__()
+        self.save_hyperparameters()  # plain dicts only: checkpoints load with weights_only=True
+        self.model = VQModel(VQConfig(**vq))
+        self.loss = ImageLoss(ImageLossConfig(**loss))
+        self.optim, self.train_cfg = optim, train
+        self.automatic_optimization = False
+        self.batches_seen = 0
+        self.crop_rng = torch.Generator().manual_seed(int(train["seed"]))
+        self._nonfinite = 0
+
+    # one optimizer step each for G and D per batch, even before the GAN warm-up, so that Lightning's
+    # global_step is always 2 x batches (checkpoint intervals and max_steps stay aligned)
+    optimizer_steps_per_batch = 2
+
+    def configure_optimizers(self):
+        o = self.optim
+        g = torch.optim.Adam(self.model.parameters(), lr=o["lr"], betas=tuple(o["betas"]))
+        d_params = self.loss.discriminator.parameters() if self.loss.uses_gan else [torch.zeros(1, requires_grad=True)]
+        d = torch.optim.Adam(d_params, lr=o["d_lr"], betas=tuple(o["betas"]))
+        return [g, d]
+
+    def views(self, batch: dict) -> list[torch.Tensor]:
+        image = batch["image"]
+        crop = int(self.train_cfg["crop"])
+        size = image.shape[-1]
+        if crop < size:
+            top, left = (int(v) for v in torch.randint(0, size - crop + 1, (2,), generator=self.crop_rng))
+            image = image[..., top:top + crop, left:left + crop]
+        return [image] + [batch["low"][r] for r in sorted(batch["low"])]
+
+    def training_step(self, batch, batch_idx):
+        opt_g, opt_d = self.optimizers()
+        reals = self.views(batch)
+        outs = [self.model(x) for x in reals]
+        fakes = [o[0] for o in outs]
+        qloss = sum(o[2] for o in outs) / len(outs)
+        g_loss, logs = self.loss.generator_loss(reals, fakes, self.model.last_layer(), self.batches_seen)
+        total = g_loss + qloss
+        if not torch.isfinite(total):
+            self._skip_nonfinite(opt_g, opt_d, total)
+            return
+        self._nonfinite = 0
+        opt_g.zero_grad(set_to_none=True)
+        self.manual_backward(total)
+        self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
+        opt_g.step()
+        opt_d.zero_grad(set_to_none=True)
+        if self.loss.gan_active(self.batches_seen):
+            d_loss, d_logs = self.loss.discriminator_loss(reals, fakes)
+            self.manual_backward(d_loss)
+            self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
+            logs.update(d_logs)
+        opt_d.step()  # a no-op without gradients (before the warm-up)
+        self.batches_seen += 1
+        logs.update(q_loss=qloss.detach(), total=total.detach())
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, on_step=True)
+        self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
+        self.log("train/rec", logs.get("l1", logs.get("mse")), prog_bar=True, on_step=True)
+
+    def _skip_nonfinite(self, opt_g, opt_d, total):
+        """A non-finite loss skips the update (both optimizers still 'step' without gradients, keeping
+        global_step aligned) and is reported; ten in a row stop the run."""
+        self._nonfinite += 1
+        log.warning("non-finite loss %s at batch %d: update skipped", total.item(), self.batches_seen)
+        opt_g.zero_grad(set_to_none=True)
+        opt_d.zero_grad(set_to_none=True)
+        opt_g.step()
+        opt_d.step()
+        self.batches_seen += 1
+        if self._nonfinite >= 10:
+            raise FloatingPointError("10 non-finite losses in a row: stopping (lower optim.lr?)")
+
+    @torch.no_grad()
+    def reconstruct(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model.decode(self.model.encode(images))
+
+    def validation_step(self, batch, batch_idx):
+        views = {batch["image"].shape[-1]: batch["image"]} | {batch["low"][r].shape[-1]: batch["low"][r]
+                                                              for r in batch["low"]}
+        recs = {}
+        for size, x in views.items():
+            recs[size] = self.reconstruct(x)
+            self.log(f"val/psnr{size}", psnr(recs[size], x).mean(), batch_size=len(x))
+            if self.loss.lpips is not None:
+                self.log(f"val/lpips{size}", self.loss.lpips(recs[size], x).mean(), batch_size=len(x))
+        if batch_idx == 0:
+            self._log_grid(views, recs, batch["caption"])
+
+    def _log_grid(self, views: dict, recs: dict, captions: list[str]) -> None:
+        """input | reconstruction at each size, for the first few validation scenes."""
+        tiles = []
+        top = max(views)
+        for i in range(min(4, len(captions))):
+            row = []
+            for size in sorted(views, reverse=True):
+                k = top // size
+                for img in (views[size][i], recs[size][i]):
+                    row.append(np.kron(to_image(img), np.ones((k, k, 1), dtype=np.uint8)))
+            tiles.append(np.concatenate(row, axis=1))
+        grid = captioned_grid(tiles, captions[:len(tiles)], cols=1, tile=top, lines=1)
+        out = f"{self.trainer.default_root_dir}/samples/batch{self.batches_seen:06d}.png"
+        import os
+
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        grid.save(out)
+        logger = self.logger
+        if logger is not None and hasattr(logger, "log_image"):
+            logger.log_image("val/reconstructions", [np.asarray(grid)], step=self.global_step)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        assert_finite(self)
+        checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "crop_rng": self.crop_rng.get_state(),
+                                "rng": rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        state = checkpoint["mulosd"]
+        self.batches_seen = int(state["batches_seen"])
+        self.crop_rng.set_state(state["crop_rng"])
+        set_rng_state(state["rng"])
+
+    def export(self, out_dir, recipe: str):
+        from ..zoo import save
+
+        return save(self.model, "vq_tokenizer", dict(self.hparams["vq"]), out_dir, recipe,
+                    batches=self.batches_seen, loss=dict(self.hparams["loss"]))

@@ -1,0 +1,67 @@
+"""Names -> ready models. Shipped SynthScenes checkpoints live in zoo/<name>/ as model.safetensors (fp16)
+plus config.json (architecture, recipe, git revision, measured metrics); any exported run directory with
+the same two files loads the same way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .tokenizer import VQConfig, VQModel
+
+ROOT = Path(__file__).resolve().parents[2]
+ZOO = ROOT / "zoo"
+TOKENIZER = "synthscenes_vq_f8"
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def save(model: torch.nn.Module, kind: str, config: dict, out_dir: Path, recipe: str, dtype=torch.float16,
+         **extra) -> Path:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, out_dir / "model.safetensors")
+    meta = {"kind": kind, "config": config, "recipe": recipe, "git_revision": git_revision(),
+            "dtype": str(dtype).removeprefix("torch."), **extra}
+    (out_dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out_dir
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    path = Path(name_or_path)
+    if not (path / "config.json").is_file():
+        path = ZOO / str(name_or_path)
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        known = sorted(p.name for p in ZOO.iterdir() if (p / "config.json").is_file()) if ZOO.is_dir() else []
+        raise FileNotFoundError(f"no model {name_or_path!r}: expected config.json and model.safetensors in a "
+                                f"directory, or a zoo name ({', '.join(known) or 'zoo/ is empty'})")
+    return path
+
+
+def read_config(name_or_path) -> dict:
+    return json.loads((resolve(name_or_path) / "config.json").read_text())
+
+
+def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQModel:
+    path = resolve(name_or_path)
+    meta = read_config(path)
+    if meta["kind"] != "vq_tokenizer":
+        raise ValueError(f"{path} holds a {meta['kind']}, not a vq_tokenizer")
+    model = VQModel(VQConfig(**meta["config"]))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
+    model.load_state_dict(state)
+    return model.eval().requires_grad_(False).to(device)
