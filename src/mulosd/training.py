@@ -85,8 +85,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     sched = cfg.model.train
     per_batch = module.optimizer_steps_per_batch
     ckpt_dir = run_dir / "checkpoints"
-    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="batch{step}", every_n_train_steps=per_batch * sched.ckpt_every,
-                                 save_last=True, save_top_k=1, auto_insert_metric_name=False),
+    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
+                                 every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
                  OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
     # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
     fast = {"fast_dev_run": per_batch * int(cfg.trainer.fast_dev_run)} if cfg.trainer.fast_dev_run else {}

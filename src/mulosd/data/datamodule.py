@@ -8,7 +8,7 @@ from pathlib import Path
 import lightning as L
 import webdataset as wds
 
-from .stream import StreamStats, build_pipeline
+from .stream import LogicalWorkers, StreamStats, build_pipeline
 from .synthscenes.shards import shard_pattern, write_split
 
 log = logging.getLogger(__name__)
@@ -57,14 +57,15 @@ class ShardDataModule(L.LightningDataModule):
                         first_index=SYNTH_VAL_FIRST_INDEX, image_format=s.image_format)
 
     def _loader(self, urls: str, train: bool) -> wds.WebLoader:
+        skip = self.skip_batches if train else 0
         pipeline = build_pipeline(urls, image_size=self.image_size, ratios=self.ratios,
                                   batch_size=self.batch_size, seed=self.seed,
                                   shuffle_buffer=self.shuffle_buffer if train else 0,
                                   resampled=self.resampled and train, max_pixels=self.max_image_pixels,
-                                  partial=not train, name="train" if train else "val",
-                                  skip_batches=self.skip_batches if train else 0)
+                                  partial=not train, name="train" if train else "val", skip_batches=skip)
+        init = LogicalWorkers(skip % self.num_workers, self.num_workers) if self.num_workers > 0 else None
         loader = wds.WebLoader(pipeline, batch_size=None, num_workers=self.num_workers,
-                               persistent_workers=train and self.num_workers > 0)
+                               persistent_workers=train and self.num_workers > 0, worker_init_fn=init)
         n = self.batches_per_epoch if train else self.val_batches
         return loader.with_epoch(n) if n > 0 else loader
 

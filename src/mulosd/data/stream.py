@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import random
 import tarfile
 
@@ -193,19 +194,34 @@ class SkipBatches:
 
     A DataLoader with W workers delivers batches round-robin (batch k comes from worker k mod W), and each
     worker's stream is a pure function of (seed, rank, worker), so worker w skips its share of the batches
-    and the resumed stream continues exactly where the interrupted one stopped.
+    and the resumed stream continues exactly where the interrupted one stopped. The resumed DataLoader
+    starts its round-robin at worker 0, so `LogicalWorkers` renumbers the workers to start at N mod W.
     """
 
     def __init__(self, batches: int, batch_size: int):
         self.batches, self.batch_size = batches, batch_size
 
     def __call__(self, src):
-        info = torch.utils.data.get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        _, _, worker, workers = pytorch_worker_info()
         mine = self.batches // workers + (1 if worker < self.batches % workers else 0)
         for i, sample in enumerate(src):
             if i >= mine * self.batch_size:
                 yield sample
+
+
+class LogicalWorkers:
+    """DataLoader worker_init_fn: worker i reads the stream of worker (i + offset) mod W.
+
+    webdataset (and every stage here) takes the worker's identity from the WORKER / NUM_WORKERS environment
+    variables when they are set, so this renumbering reaches shard sampling, shuffling and skipping alike.
+    """
+
+    def __init__(self, offset: int, workers: int):
+        self.offset, self.workers = offset, workers
+
+    def __call__(self, worker_id: int) -> None:
+        os.environ["WORKER"] = str((worker_id + self.offset) % self.workers)
+        os.environ["NUM_WORKERS"] = str(self.workers)
 
 
 class Collate:

@@ -16,6 +16,7 @@ import torch
 
 from ..data.stream import to_image
 from ..losses import ImageLoss, ImageLossConfig
+from ..losses.image_loss import LPIPS_MIN_SIZE
 from ..tokenizer import VQConfig, VQModel
 from ..viz import captioned_grid
 from .resume import assert_finite, rng_state, set_rng_state
@@ -114,7 +115,7 @@ class TokenizerModule(L.LightningModule):
         for size, x in views.items():
             recs[size] = self.reconstruct(x)
             self.log(f"val/psnr{size}", psnr(recs[size], x).mean(), batch_size=len(x))
-            if self.loss.lpips is not None:
+            if self.loss.lpips is not None and size >= LPIPS_MIN_SIZE:
                 self.log(f"val/lpips{size}", self.loss.lpips(recs[size], x).mean(), batch_size=len(x))
         if batch_idx == 0:
             self._log_grid(views, recs, batch["caption"])

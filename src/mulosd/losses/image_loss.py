@@ -13,10 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gan import (NLayerDiscriminator, adaptive_weight, hinge_d_loss, hinge_g_loss, nonsaturating_d_loss,
-                  nonsaturating_g_loss, warmup_factor)
+from .gan import (
+    NLayerDiscriminator,
+    adaptive_weight,
+    hinge_d_loss,
+    hinge_g_loss,
+    nonsaturating_d_loss,
+    nonsaturating_g_loss,
+    warmup_factor,
+)
 from .lpips_offline import build_lpips
 
+LPIPS_MIN_SIZE = 32  # AlexNet's pooling leaves nothing of smaller images; they get the pixel loss only
 GAN_LOSSES = {"hinge": (hinge_d_loss, hinge_g_loss), "nonsaturating": (nonsaturating_d_loss, nonsaturating_g_loss)}
 
 
@@ -59,11 +67,12 @@ class ImageLoss(nn.Module):
     def reconstruction(self, reals: list[torch.Tensor], fakes: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """Mean over the (real, fake) pairs, which may differ in size (e.g. a tokenizer's 128/64/32 px views)."""
         c = self.config
-        pix = sum((f - r).abs().mean() if c.pixel == "l1" else F.mse_loss(f, r) for r, f in zip(reals, fakes, strict=True))
-        pix = pix / len(reals)
+        pixel = (lambda r, f: (f - r).abs().mean()) if c.pixel == "l1" else F.mse_loss
+        pix = sum(pixel(r, f) for r, f in zip(reals, fakes, strict=True)) / len(reals)
         loss, logs = c.pixel_weight * pix, {c.pixel: pix.detach()}
-        if self.lpips is not None:
-            lp = sum(self.lpips(f.float(), r.float()).mean() for r, f in zip(reals, fakes, strict=True)) / len(reals)
+        pairs = [(r, f) for r, f in zip(reals, fakes, strict=True) if min(r.shape[-2:]) >= LPIPS_MIN_SIZE]
+        if self.lpips is not None and pairs:
+            lp = sum(self.lpips(f.float(), r.float()).mean() for r, f in pairs) / len(pairs)
             loss = loss + c.lpips_weight * lp
             logs["lpips"] = lp.detach()
         return loss, logs

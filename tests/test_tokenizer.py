@@ -1,0 +1,135 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mulosd.data.stream import to_tensor
+from mulosd.data.synthscenes import render, sample_scene
+from mulosd.lit.tokenizer import psnr
+from mulosd.tokenizer import VQConfig, VQModel
+from mulosd.tokenizer.neighbours import cached_neighbour_table, neighbour_table
+from mulosd.zoo import ZOO, load_tokenizer
+
+from .conftest import ROOT
+
+TINY = ["model.vq.ch=8", "model.vq.ch_mult=[1,1,1,2]", "model.vq.z_channels=16", "model.vq.codebook_size=64",
+        "model.loss.disc_ndf=8", "model.train.crop=32", "data.image_size=64", "data.batch_size=4",
+        "logger=none", "trainer.enable_progress_bar=false"]
+
+
+@pytest.mark.parametrize("ch_mult, f", [([1, 2, 4, 4], 8), ([1, 1, 2, 2, 4], 16)])
+@pytest.mark.parametrize("size", [32, 64, 128])
+def test_encode_decode_shapes(ch_mult, f, size):
+    m = VQModel(VQConfig(ch=8, ch_mult=ch_mult, z_channels=16, codebook_size=32))
+    x = torch.rand(2, 3, size, size) * 2 - 1
+    tokens = m.encode(x)
+    assert tokens.shape == (2, size // f, size // f) and tokens.dtype == torch.long
+    assert m.decode(tokens).shape == x.shape
+    assert m.codebook().shape == (32, 8) and torch.allclose(m.codebook().norm(dim=-1), torch.ones(32))
+
+
+def test_bad_inputs_are_refused():
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32))
+    with pytest.raises(ValueError, match="multiple of 8"):
+        m.encode(torch.zeros(1, 3, 36, 36))
+    with pytest.raises(ValueError, match="token ids"):
+        m.decode(torch.full((1, 2, 2), 32))
+
+
+def test_neighbour_table_matches_brute_force(tmp_path):
+    cb = torch.nn.functional.normalize(torch.randn(300, 8), dim=-1)
+    table = neighbour_table(cb, k=10, chunk=64)
+    sims = cb @ cb.T
+    for v in range(0, 300, 37):
+        order = [i for i in sims[v].argsort(descending=True).tolist() if i != v][:10]
+        assert table[v].tolist() == order
+    assert (table != torch.arange(300)[:, None]).all()
+    cached = cached_neighbour_table(cb, 10, cache_dir=tmp_path)
+    assert torch.equal(cached, table) and len(list(tmp_path.iterdir())) == 1
+    assert torch.equal(cached_neighbour_table(cb, 10, cache_dir=tmp_path), table)
+
+
+def _train(run_dir, *extra, wait=True):
+    cmd = [sys.executable, "train.py", "experiment=zoo_tokenizer", f"hydra.run.dir={run_dir}", *TINY, *extra]
+    if wait:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokdata")
+    return [f"data.synth.dir={d}", "data.synth.train_shards=2", "data.synth.val_shards=1", "data.synth.per_shard=8",
+            "data.synth.size=64"]
+
+
+def test_recipe_fast_dev_run_trains_two_batches(tmp_path, tiny_data):
+    r = _train(tmp_path, *tiny_data, "trainer.fast_dev_run=2", "model.loss.disc_start=1")
+    assert "trained 2 batches" in r.stdout
+
+
+def _state(ckpt):
+    c = torch.load(ckpt, weights_only=True, map_location="cpu")  # plain containers only
+    return c
+
+
+def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_data):
+    common = [*tiny_data, "model.train.batches=6", "model.train.ckpt_every=1", "model.loss.disc_start=2",
+              "model.train.val_every=100", "data.num_workers=2"]
+    _train(tmp_path / "a", *common)
+    b = tmp_path / "b"
+    proc = _train(b, *common, wait=False)
+    last = b / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 300
+    while time.time() < deadline:  # kill -9 once a checkpoint past batch 3 exists
+        if last.exists():
+            try:
+                if _state(last)["mulosd"]["batches_seen"] >= 3:
+                    break
+            except Exception:
+                pass
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = _state(last)["mulosd"]["batches_seen"]
+    assert 3 <= killed_at < 6, "the run should have been killed mid-way"
+    _train(b, *common, f"ckpt_path={last}")
+    a, r = _state(tmp_path / "a" / "checkpoints" / "last.ckpt"), _state(last)
+    assert a["mulosd"]["batches_seen"] == r["mulosd"]["batches_seen"] == 6
+    assert a["global_step"] == r["global_step"] == 12
+    for k, v in a["state_dict"].items():
+        assert torch.equal(v, r["state_dict"][k]), k
+    for oa, orr in zip(a["optimizer_states"], r["optimizer_states"], strict=True):
+        for pid, st in oa["state"].items():
+            for name, t in st.items():
+                assert torch.equal(t, orr["state"][pid][name]), (pid, name)
+    assert a["MulosdDataModule" if "MulosdDataModule" in a else "ShardDataModule"]["train_batches"] == 6
+
+
+def test_missing_resume_checkpoint_fails_hard(tmp_path, tiny_data):
+    r = subprocess.run([sys.executable, "train.py", "experiment=zoo_tokenizer", f"hydra.run.dir={tmp_path}",
+                        *TINY, *tiny_data, f"ckpt_path={tmp_path}/nope.ckpt"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and "ckpt_path" in r.stderr
+
+
+@pytest.mark.skipif(not (ZOO / "synthscenes_vq_f8").is_dir(), reason="zoo tokenizer not shipped yet")
+def test_shipped_tokenizer_loads_and_reconstructs_fixed_scenes():
+    tok = load_tokenizer()
+    meta = json.loads((ZOO / "synthscenes_vq_f8" / "config.json").read_text())
+    assert meta["kind"] == "vq_tokenizer" and "zoo_tokenizer" in meta["recipe"]
+    floors = {32: 18.0, 64: 19.0, 128: 20.0}
+    for size, floor in floors.items():
+        x = torch.stack([to_tensor(render(sample_scene(4242, i), size)) for i in range(16)])
+        with torch.no_grad():
+            rec = tok.decode(tok.encode(x))
+        assert psnr(rec, x).mean().item() >= floor, size
+    assert np.isfinite(tok.codebook().numpy()).all()
