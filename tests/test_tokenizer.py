@@ -133,3 +133,15 @@ def test_shipped_tokenizer_loads_and_reconstructs_fixed_scenes():
             rec = tok.decode(tok.encode(x))
         assert psnr(rec, x).mean().item() >= floor, size
     assert np.isfinite(tok.codebook().numpy()).all()
+
+
+def test_sigterm_saves_and_exits_nonzero(tmp_path, tiny_data):
+    proc = _train(tmp_path, *tiny_data, "model.train.batches=1000", "model.train.ckpt_every=1",
+                  "model.train.val_every=1000", wait=False)
+    deadline = time.time() + 300
+    while not (tmp_path / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    saved = _state(tmp_path / "checkpoints" / "on_exception.ckpt")
+    assert saved["mulosd"]["batches_seen"] >= 1

@@ -75,6 +75,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     to resume with ckpt_path=...), then export the weights to RUN/export (safetensors + config.json)."""
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
 
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from .lit.resume import AtomicCheckpointIO
 
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
@@ -95,9 +97,11 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
                             check_val_every_n_epoch=None, limit_val_batches=sched.val_batches,
                             plugins=[AtomicCheckpointIO()])
     dm = build_datamodule(cfg)
-    trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
-    if trainer.received_sigterm:  # Lightning exits 0 on SIGTERM; a scheduler must see the interruption
-        print(f"interrupted by SIGTERM at batch {module.batches_seen}; resume with ckpt_path={ckpt_dir}/last.ckpt")
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+    except SIGTERMException:  # a SystemExit with status 0: a scheduler must see the interruption
+        print(f"interrupted by SIGTERM after batch {module.batches_seen}; resume with "
+              f"ckpt_path={ckpt_dir}/on_exception.ckpt", file=sys.stderr)
         sys.exit(143)
     print(f"trained {module.batches_seen} batches ({dm.stats['train'].summary()})")
     if not cfg.trainer.fast_dev_run:
