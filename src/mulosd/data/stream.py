@@ -38,6 +38,7 @@ SKIP_KINDS = ("unreadable_shard", "truncated_tar", "duplicate_member", "missing_
               "too_large", "unsupported_image", "missing_caption")
 CONVERSION_KINDS = ("grayscale", "palette", "alpha", "sixteen_bit", "cmyk", "colorspace")
 OTHER_KINDS = ("bad_metadata", "ignored_member")
+KINDS = frozenset(SKIP_KINDS + CONVERSION_KINDS + OTHER_KINDS)
 
 
 def _member_extension(fname: str) -> str:
@@ -54,6 +55,8 @@ class SampleCounter:
         self.total: collections.Counter = collections.Counter()
 
     def count(self, kind: str, detail: str = "") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown sample kind {kind!r}")
         self.delta[kind] += 1
         self.total[kind] += 1
         n = self.total[kind]
