@@ -144,3 +144,18 @@ def test_sigterm_saves_and_exits_nonzero(tmp_path, tiny_data):
     assert proc.wait(timeout=120) == 143
     saved = _state(tmp_path / "checkpoints" / "on_exception.ckpt")
     assert saved["mulosd"]["batches_seen"] >= 1
+
+
+def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):
+    from mulosd.tokenizer.report import evaluate, main
+    from mulosd.zoo import save
+
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    rows = evaluate(m, n=4, sizes=(32, 64), batch=2, progress=False)
+    for r in rows.values():
+        assert 0 < r["usage"] <= 1 and 1 <= r["perplexity"] <= 32 and 0 <= r["judge"] <= 1
+        assert r["judge_original"] >= 0.5 and r["psnr"] > 0
+    save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    loaded = load_tokenizer(tmp_path / "tok")
+    assert torch.allclose(loaded.codebook(), m.codebook(), atol=1e-3)  # fp16 storage
+    assert main(["--tokenizer", str(tmp_path / "nothing")]) == 2

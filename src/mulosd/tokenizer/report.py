@@ -69,7 +69,11 @@ def main(argv=None) -> int:
     if args.n < 1:
         ap.error("--n must be >= 1")
     torch.manual_seed(0)
-    tok = load_tokenizer(args.tokenizer)
+    try:
+        tok = load_tokenizer(args.tokenizer)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     rows = evaluate(tok, n=args.n, seed=args.seed)
     print(f"tokenizer {args.tokenizer} on {args.n} held-out scenes (world seed {args.seed})")
     print("| size | PSNR dB | LPIPS | codes used | perplexity | judge (round trip) | judge (original) |")
