@@ -74,7 +74,6 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     """Train cfg.model; checkpoints every `model.train.ckpt_every` batches under RUN/checkpoints (last.ckpt
     to resume with ckpt_path=...), then export the weights to RUN/export (safetensors + config.json)."""
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
-
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from .lit.resume import AtomicCheckpointIO
