@@ -55,6 +55,11 @@ def test_typos_and_wrong_types_fail_at_composition_naming_the_key(override, key)
     ("task=train", "task"),
     ("logger.name=tensorboard", "logger.name"),
     ("data.batches_per_epoch=-1", "data.batches_per_epoch"),
+    ("experiment=zoo_tokenizer model.loss.gan=wgan", "model.loss.gan"),
+    ("experiment=zoo_tokenizer model.train.crop=30", "model.train.crop"),
+    ("experiment=zoo_tokenizer model.vq.ch_mult=[1,2]", "model.vq.ch_mult (downsample factor 2**(len-1))"),
+    ("experiment=zoo_tokenizer ++model.vq.chh=3", "model.vq.chh"),
+    ("experiment=zoo_tokenizer model.optim.lr=abc", "model.optim.lr"),
 ])
 def test_out_of_range_values_are_named(override, key):
     cfg = compose_config("train", override.split())

@@ -230,9 +230,6 @@ def validate_train(cfg: DictConfig) -> None:
     _one_of(cfg.task, TASKS, "task")
     if cfg.model is not None:
         validate_model(cfg.model)
-    elif cfg.task == "fit":
-        raise ConfigError("model", "no model to train: choose an experiment (python train.py experiment=NAME; "
-                          "see conf/experiment/)")
     validate_data(cfg.data)
     _one_of(cfg.logger.name, LOGGERS, "logger.name")
     _one_of(cfg.logger.mode, WANDB_MODES, "logger.mode")

@@ -78,6 +78,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
 
     from .lit.resume import AtomicCheckpointIO
 
+    if cfg.model is None:
+        raise ConfigError("model", "no model to train: choose an experiment, python train.py experiment=NAME "
+                          f"({', '.join(available_experiments())})")
     if cfg.ckpt_path and not Path(cfg.ckpt_path).is_file():
         raise ConfigError("ckpt_path", f"{cfg.ckpt_path} does not exist (refusing to silently start fresh)")
     if cfg.trainer.max_steps != -1:
