@@ -9,6 +9,7 @@ RNG (touched by Lightning when it builds loaders) cannot change what a resumed r
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -132,10 +133,8 @@ class TokenizerModule(L.LightningModule):
                     row.append(np.kron(to_image(img), np.ones((k, k, 1), dtype=np.uint8)))
             tiles.append(np.concatenate(row, axis=1))
         grid = captioned_grid(tiles, captions[:len(tiles)], cols=1, tile=top, lines=1)
-        out = f"{self.trainer.default_root_dir}/samples/batch{self.batches_seen:06d}.png"
-        import os
-
-        os.makedirs(os.path.dirname(out), exist_ok=True)
+        out = Path(self.trainer.default_root_dir) / "samples" / f"batch{self.batches_seen:06d}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
         grid.save(out)
         logger = self.logger
         if logger is not None and hasattr(logger, "log_image"):
