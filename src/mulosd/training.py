@@ -6,7 +6,6 @@ issues); `inspect_data` streams batches through the data pipeline and reports wh
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from .data.datamodule import ShardDataModule
 from .data.stream import to_image
 from .viz import captioned_grid
 
-log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 

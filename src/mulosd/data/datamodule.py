@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
 import webdataset as wds
 
 from .stream import LogicalWorkers, StreamStats, build_pipeline
-from .synthscenes.shards import shard_pattern, write_split
-
-log = logging.getLogger(__name__)
-
-# Validation scenes come from indices no training shard reaches.
-SYNTH_VAL_FIRST_INDEX = 1_000_000_000
+from .synthscenes.shards import VAL_FIRST_INDEX, shard_pattern, write_split
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -54,7 +48,7 @@ class ShardDataModule(L.LightningDataModule):
         write_split(Path(s.dir), "train", s.train_shards, s.per_shard, s.size, s.seed, image_format=s.image_format)
         if s.val_shards:
             write_split(Path(s.dir), "val", s.val_shards, s.per_shard, s.size, s.seed,
-                        first_index=SYNTH_VAL_FIRST_INDEX, image_format=s.image_format)
+                        first_index=VAL_FIRST_INDEX, image_format=s.image_format)
 
     def _loader(self, urls: str, train: bool) -> wds.WebLoader:
         skip = self.skip_batches if train else 0

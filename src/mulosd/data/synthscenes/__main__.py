@@ -8,7 +8,7 @@ from pathlib import Path
 
 from . import caption_text, render, sample_scene
 from .judge import selftest
-from .shards import write_split
+from .shards import VAL_FIRST_INDEX, write_split
 
 
 def _preview(args) -> None:
@@ -35,7 +35,7 @@ def _judge_selftest(args) -> None:
 
 
 def _shards(args) -> None:
-    for split, n, first in (("train", args.num_shards, 0), ("val", args.val_shards, 1_000_000_000)):
+    for split, n, first in (("train", args.num_shards, 0), ("val", args.val_shards, VAL_FIRST_INDEX)):
         if n:
             paths = write_split(Path(args.out), split, n, args.per_shard, args.size, args.seed, first_index=first,
                                 image_format=args.format)

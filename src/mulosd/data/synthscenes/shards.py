@@ -22,6 +22,9 @@ from .caption import caption_text
 from .render import render
 from .scene import sample_scene
 
+# Validation scenes come from indices no training shard reaches.
+VAL_FIRST_INDEX = 1_000_000_000
+
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.tar"
