@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .ar.transformer import TransformerConfig
 from .losses.image_loss import ImageLossConfig
 from .tokenizer.vq import VQConfig
 
@@ -56,6 +57,7 @@ class DataConfig:
     val_batches: int = 0  # 0: the whole validation split
     max_image_pixels: int = 64_000_000
     synth: SynthShardsConfig | None = None
+    token_cache: str = "data/tokens"  # token grids computed once per tokenizer for the AR models
 
 
 @dataclass
@@ -101,6 +103,9 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.5, 0.9])
     clip_g: float = 1.0  # gradient-norm clipping per optimizer (manual optimisation)
     clip_d: float = 1.0
+    # stable-then-decay: constant lr, then linear decay to 0 over the last decay_batches batches of
+    # train.batches (0 = constant). A constant-lr checkpoint can therefore be resumed into its decay.
+    decay_batches: int = 0
 
 
 @dataclass
@@ -122,7 +127,49 @@ class TokenizerModelConfig:
     train: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
-MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig}
+@dataclass
+class SampleConfig:
+    """How validation samples (and the AR report) are drawn."""
+
+    cfg_scale: float = 3.0
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+@dataclass
+class AROptimConfig:
+    lr: float = 1e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.05
+    warmup_batches: int = 200
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at train.batches
+    clip: float = 1.0
+
+
+@dataclass
+class ARScheduleConfig:
+    batches: int = 3000
+    seed: int = 0  # caption dropout and batch order
+    ckpt_every: int = 250
+    val_every: int = 500
+    val_batches: int = 4
+
+
+@dataclass
+class ARModelConfig:
+    name: str = "ar"
+    tokenizer: str = "synthscenes_vq_f8"  # zoo name or exported directory
+    resolution: int = 128  # image side; the grid is resolution / the tokenizer's downsample factor
+    cond_dropout: float = 0.1  # caption dropout (the null condition) for classifier-free guidance
+    # vocab_size, grid and prefix are derived from the tokenizer, the resolution and the caption encoder
+    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    optim: AROptimConfig = field(default_factory=AROptimConfig)
+    train: ARScheduleConfig = field(default_factory=ARScheduleConfig)
+
+
+MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig, "ar": ARModelConfig}
 
 
 @dataclass
@@ -208,6 +255,28 @@ def validate_model(m: DictConfig) -> DictConfig:
     _require("name" in m, "model.name", "missing")
     _one_of(m.name, tuple(MODEL_SCHEMAS), "model.name")
     m = check_keys(m, MODEL_SCHEMAS[m.name], prefix="model.")
+    for name in ("ckpt_every", "val_every", "val_batches", "batches"):
+        _require(m.train[name] >= 1, f"model.train.{name}", "must be >= 1")
+    return {"tokenizer": _validate_tokenizer, "ar": _validate_ar}[m.name](m)
+
+
+def _validate_ar(m: DictConfig) -> DictConfig:
+    t, o = m.transformer, m.optim
+    _require(m.resolution >= 8, "model.resolution", f"must be >= 8, got {m.resolution}")
+    _require(0 <= m.cond_dropout < 1, "model.cond_dropout", f"must be in [0, 1), got {m.cond_dropout}")
+    _require(t.dim % t.heads == 0 and (t.dim // t.heads) % 4 == 0, "model.transformer.heads",
+             f"dim {t.dim} / heads {t.heads} must be a multiple of 4 (2D RoPE splits each head in four)")
+    _require(t.layers >= 1, "model.transformer.layers", "must be >= 1")
+    _require(o.lr > 0, "model.optim.lr", "must be > 0")
+    _require(0 <= o.warmup_batches < m.train.batches, "model.optim.warmup_batches",
+             f"must be in [0, model.train.batches={m.train.batches})")
+    _require(m.sample.cfg_scale >= 0, "model.sample.cfg_scale", "must be >= 0")
+    _require(m.sample.temperature >= 0, "model.sample.temperature", "must be >= 0")
+    _require(0 < m.sample.top_p <= 1, "model.sample.top_p", "must be in (0, 1]")
+    return m
+
+
+def _validate_tokenizer(m: DictConfig) -> DictConfig:
     vq, loss, t = m.vq, m.loss, m.train
     _require(len(vq.ch_mult) >= 2, "model.vq.ch_mult", "needs at least two levels")
     _one_of(2 ** (len(vq.ch_mult) - 1), (8, 16), "model.vq.ch_mult (downsample factor 2**(len-1))")
@@ -217,11 +286,10 @@ def validate_model(m: DictConfig) -> DictConfig:
     _one_of(loss.gan, ("hinge", "nonsaturating", "none"), "model.loss.gan")
     _require(loss.disc_start >= 0, "model.loss.disc_start", "must be >= 0")
     _require(m.optim.lr > 0 and m.optim.d_lr > 0, "model.optim.lr", "learning rates must be > 0")
-    _require(t.batches >= 1, "model.train.batches", "must be >= 1")
+    _require(0 <= m.optim.decay_batches <= m.train.batches, "model.optim.decay_batches",
+             f"must be in [0, model.train.batches={m.train.batches}], got {m.optim.decay_batches}")
     _require(t.crop % 2 ** (len(vq.ch_mult) - 1) == 0 and t.crop > 0, "model.train.crop",
              f"must be a positive multiple of the downsample factor {2 ** (len(vq.ch_mult) - 1)}")
-    for name in ("ckpt_every", "val_every", "val_batches"):
-        _require(t[name] >= 1, f"model.train.{name}", "must be >= 1")
     return m
 
 

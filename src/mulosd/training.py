@@ -65,6 +65,22 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         from .lit.tokenizer import TokenizerModule
 
         return TokenizerModule(vq=m["vq"], loss=m["loss"], optim=m["optim"], train=m["train"])
+    if m["name"] == "ar":
+        from .ar.conditioning import SceneCaptionEncoder
+        from .lit.ar import ARModule
+        from .zoo import read_config
+
+        try:
+            vq = read_config(m["tokenizer"])["config"]
+        except FileNotFoundError as e:
+            raise ConfigError("model.tokenizer", str(e)) from None
+        f = 2 ** (len(vq["ch_mult"]) - 1)
+        if m["resolution"] % f:
+            raise ConfigError("model.resolution", f"{m['resolution']} is not a multiple of the tokenizer's "
+                                                  f"downsample factor {f}")
+        m["transformer"] |= {"vocab_size": vq["codebook_size"], "grid": m["resolution"] // f,
+                             "prefix": SceneCaptionEncoder.prefix}
+        return ARModule(**{k: v for k, v in m.items() if k != "name"})
     raise ConfigError("model.name", f"unknown model {m['name']!r}")
 
 
@@ -96,14 +112,14 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
                             max_steps=per_batch * sched.batches, val_check_interval=sched.val_every,
                             check_val_every_n_epoch=None, limit_val_batches=sched.val_batches,
                             plugins=[AtomicCheckpointIO()])
-    dm = build_datamodule(cfg)
+    dm = module.datamodule(build_datamodule(cfg), cfg)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
     except SIGTERMException:  # a SystemExit with status 0: a scheduler must see the interruption
         print(f"interrupted by SIGTERM after batch {module.batches_seen}; resume with "
               f"ckpt_path={ckpt_dir}/on_exception.ckpt", file=sys.stderr)
         sys.exit(143)
-    print(f"trained {module.batches_seen} batches ({dm.stats['train'].summary()})")
+    print(f"trained {module.batches_seen} batches ({dm.summary()})")
     if not cfg.trainer.fast_dev_run:
         out = module.export(run_dir / "export", recipe=_recipe())
         print(f"exported -> {out}")

@@ -63,6 +63,9 @@ class ShardDataModule(L.LightningDataModule):
         n = self.batches_per_epoch if train else self.val_batches
         return loader.with_epoch(n) if n > 0 else loader
 
+    def summary(self) -> str:
+        return self.stats["train"].summary()
+
     def state_dict(self) -> dict:
         return {"train_batches": self.train_batches}
 

@@ -63,8 +63,17 @@ class TokenizerModule(L.LightningModule):
             image = image[..., top:top + crop, left:left + crop]
         return [image] + [batch["low"][r] for r in sorted(batch["low"])]
 
+    def lr_factor(self) -> float:
+        """Stable-then-decay, a pure function of batches_seen (no scheduler state to resume)."""
+        total, decay = int(self.train_cfg["batches"]), int(self.optim.get("decay_batches", 0))
+        return min(1.0, max(0.0, (total - self.batches_seen) / decay)) if decay > 0 else 1.0
+
     def training_step(self, batch, batch_idx):
         opt_g, opt_d = self.optimizers()
+        factor = self.lr_factor()
+        for opt, key in ((opt_g, "lr"), (opt_d, "d_lr")):
+            for group in opt.param_groups:
+                group["lr"] = self.optim[key] * factor
         reals = self.views(batch)
         outs = [self.model(x) for x in reals]
         fakes = [o[0] for o in outs]
@@ -87,7 +96,7 @@ class TokenizerModule(L.LightningModule):
             logs.update(d_logs)
         opt_d.step()  # a no-op without gradients (before the warm-up)
         self.batches_seen += 1
-        logs.update(q_loss=qloss.detach(), total=total.detach())
+        logs.update(q_loss=qloss.detach(), total=total.detach(), lr_factor=factor)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
         self.log("train/rec", logs.get("l1", logs.get("mse")), prog_bar=True, on_step=True)
@@ -150,6 +159,10 @@ class TokenizerModule(L.LightningModule):
         self.batches_seen = int(state["batches_seen"])
         self.crop_rng.set_state(state["crop_rng"])
         set_rng_state(state["rng"])
+
+    def datamodule(self, shards, cfg):
+        """The tokenizer trains on the image stream itself."""
+        return shards
 
     def export(self, out_dir, recipe: str):
         from ..zoo import save

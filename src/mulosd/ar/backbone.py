@@ -1,0 +1,103 @@
+"""`ARBackbone`: the one call every decoding strategy makes (DESIGN §2).
+
+    bb = ARBackbone(model, encoder, cfg_scale=3.0)
+    logits0 = bb.start(captions)               # condition prefix into the cache; logits for position 0
+    logits = bb(positions, tokens)             # write tokens at grid positions; logits for position + 1
+    bb.forget(positions)                       # un-fill slots: discarded drafts leave the context
+
+Positions are raster indices on the grid, any set per call ([B, n]); each written token attends to the
+filled slots at or before it. With guidance the batch is doubled internally (conditional rows, then rows
+with the learned null condition) and the returned logits are `u + scale * (c - u)`, computed in float32.
+`calls` and `tokens_in` count forward passes and processed token slots for the decoders' traces.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .transformer import KVCache, Transformer
+
+
+class ARBackbone:
+    def __init__(self, model: Transformer, encoder, cfg_scale: float = 1.0):
+        if cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
+        self.model, self.encoder, self.cfg_scale = model, encoder, float(cfg_scale)
+        self.cache: KVCache | None = None
+        self.calls = self.tokens_in = 0
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale != 1.0
+
+    @property
+    def grid(self) -> int:
+        return self.model.cfg.grid
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.cfg.vocab_size
+
+    @property
+    def batch(self) -> int:
+        return self.cache.batch // (2 if self.guided else 1)
+
+    @property
+    def filled(self) -> torch.Tensor:
+        """[B, N] bool: which grid positions hold context."""
+        return self.cache.filled[:self.batch, self.model.cfg.prefix:]
+
+    @property
+    def device(self):
+        return next(self.model.parameters()).device
+
+    def _combine(self, logits: torch.Tensor) -> torch.Tensor:
+        logits = logits.float()
+        if not self.guided:
+            return logits
+        c, u = logits.chunk(2)
+        return u + self.cfg_scale * (c - u)
+
+    @torch.no_grad()
+    def start(self, captions: list[str]) -> torch.Tensor:
+        """Reset the cache for these captions and fill the prefix; returns logits [B, 1, V] for position 0."""
+        B, P = len(captions), self.model.cfg.prefix
+        feats = self.encoder(captions).to(self.device)
+        prefix = self.model.condition(feats, B)
+        if self.guided:
+            prefix = torch.cat([prefix, self.model.condition(None, B)])
+        dtype = next(self.model.parameters()).dtype
+        self.cache = KVCache(self.model.cfg, prefix.shape[0], device=self.device, dtype=dtype)
+        slots = torch.arange(P, device=self.device).expand(prefix.shape[0], P)
+        logits = self.model.step(slots, prefix, self.cache)[:, -1:]
+        self.calls += 1
+        self.tokens_in += B * P
+        return self._combine(logits)
+
+    @torch.no_grad()
+    def __call__(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Write tokens [B, n] at grid positions [B, n]; logits [B, n, V] for the positions that follow."""
+        if self.cache is None:
+            raise RuntimeError("call start(captions) first")
+        if positions.shape != tokens.shape or positions.shape[0] != self.batch:
+            raise ValueError(f"positions {tuple(positions.shape)} and tokens {tuple(tokens.shape)} must both be "
+                             f"[batch={self.batch}, n]")
+        N = self.grid * self.grid
+        if positions.numel() and (positions.min() < 0 or positions.max() >= N):
+            raise ValueError(f"positions must be in [0, {N})")
+        slots = positions.to(self.device) + self.model.cfg.prefix
+        tokens = tokens.to(self.device)
+        if self.guided:
+            slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
+        logits = self.model.step(slots, self.model.embed(tokens), self.cache)
+        self.calls += 1
+        self.tokens_in += positions.numel()
+        return self._combine(logits)
+
+    def forget(self, positions: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+        """Un-fill grid positions [B, n] (or, with rows [k], positions [k, n] of those batch rows only)."""
+        slots = positions.to(self.device) + self.model.cfg.prefix
+        rows = torch.arange(self.batch, device=self.device) if rows is None else rows.to(self.device)
+        if self.guided:
+            rows, slots = torch.cat([rows, rows + self.batch]), slots.repeat(2, 1)
+        self.cache.filled[rows[:, None], slots] = False

@@ -1,0 +1,184 @@
+"""A LlamaGen-style AR transformer over a VQ token grid: RMSNorm, SwiGLU, 2D RoPE, a condition prefix.
+
+Sequence layout (training and decoding alike): `prefix` condition slots, then one slot per grid position in
+raster order. Slot P+i holds image token i; the output at a slot predicts the token of the next slot, so the
+last prefix slot predicts token 0 and slot P+i predicts token i+1.
+
+Two ways to run it:
+- `forward(tokens, cond)`: teacher-forced full sequence with causal attention (training, reference logits);
+- `step(slots, tokens, cache)`: any set of slots at once against a `KVCache`, whose per-slot `filled` mask
+  says which slots are visible context. Plain AR, ZipAR, block verification and island resampling are all
+  `step` calls; un-filling a slot removes a discarded draft from every later query's context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class TransformerConfig:
+    vocab_size: int = 1024
+    grid: int = 16  # tokens per side
+    dim: int = 256
+    layers: int = 8
+    heads: int = 8
+    prefix: int = 4  # condition slots
+    cond_dim: int = 256  # width of the condition encoder's output
+    mlp_ratio: float = 8 / 3  # SwiGLU hidden = ratio * dim, rounded up to a multiple of 32
+    rope_base: float = 10000.0
+
+    @property
+    def slots(self) -> int:
+        return self.prefix + self.grid * self.grid
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * self.weight
+
+
+def rope_2d(cfg: TransformerConfig) -> torch.Tensor:
+    """cos/sin [slots, head_dim/2, 2]: half of each head rotates with the row, half with the column.
+    Prefix slots get no rotation (LlamaGen does the same for its condition tokens)."""
+    head_dim = cfg.dim // cfg.heads
+    quarter = head_dim // 4
+    freqs = 1.0 / cfg.rope_base ** (torch.arange(quarter).float() / quarter)
+    g = torch.arange(cfg.grid).float()
+    rows, cols = g.repeat_interleave(cfg.grid), g.repeat(cfg.grid)
+    angles = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=1)  # [N, head_dim/2]
+    angles = torch.cat([torch.zeros(cfg.prefix, angles.shape[1]), angles])
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """x [B, H, n, Dh] rotated by rope [B, 1, n, Dh/2, 2] (pairs of adjacent channels)."""
+    xp = x.float().unflatten(-1, (-1, 2))
+    cos, sin = rope[..., 0], rope[..., 1]
+    out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 0] * sin + xp[..., 1] * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class KVCache:
+    """Static keys/values per layer, indexed by absolute slot, and the mask of slots holding context."""
+
+    def __init__(self, cfg: TransformerConfig, batch: int, device=None, dtype=torch.float32):
+        shape = (batch, cfg.heads, cfg.slots, cfg.dim // cfg.heads)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.layers)]
+        self.filled = torch.zeros(batch, cfg.slots, dtype=torch.bool, device=device)
+
+    @property
+    def batch(self) -> int:
+        return self.filled.shape[0]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
+        self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
+
+    def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None):
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x [B, H, n, Dh]
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            b = torch.arange(x.shape[0], device=x.device)[:, None]
+            cache.k[layer][b, :, slots] = k.transpose(1, 2).to(cache.k[layer].dtype)
+            cache.v[layer][b, :, slots] = v.transpose(1, 2).to(cache.v[layer].dtype)
+            y = F.scaled_dot_product_attention(q, cache.k[layer].type_as(q), cache.v[layer].type_as(q),
+                                               attn_mask=mask)
+        return self.out(y.transpose(1, 2).flatten(2))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        hidden = 32 * math.ceil(cfg.mlp_ratio * cfg.dim / 32)
+        self.gate_up = nn.Linear(cfg.dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, cfg.dim, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(cfg.dim), Attention(cfg)
+        self.mlp_norm, self.mlp = RMSNorm(cfg.dim), SwiGLU(cfg)
+
+    def forward(self, x, rope, **cache_args):
+        x = x + self.attn(self.attn_norm(x), rope, **cache_args)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.cond_proj = nn.Sequential(nn.Linear(cfg.cond_dim, cfg.dim), nn.GELU(approximate="tanh"),
+                                       nn.Linear(cfg.dim, cfg.dim))
+        # the learned null condition for classifier-free guidance, in the encoder's output space
+        self.null_cond = nn.Parameter(torch.randn(cfg.prefix, cfg.cond_dim) / math.sqrt(cfg.cond_dim))
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("rope", rope_2d(cfg), persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+    def condition(self, cond: torch.Tensor | None, batch: int, drop: torch.Tensor | None = None) -> torch.Tensor:
+        """Prefix embeddings [B, P, dim] from encoder features [B, P, cond_dim]; None = the null condition;
+        rows where `drop` [B] is true get the null condition (caption dropout in training)."""
+        null = self.null_cond.expand(batch, -1, -1)
+        if cond is None:
+            cond = null
+        elif drop is not None:
+            cond = torch.where(drop[:, None, None], null.to(cond.dtype), cond)
+        return self.cond_proj(cond)
+
+    def forward(self, tokens: torch.Tensor, cond: torch.Tensor | None, drop: torch.Tensor | None = None):
+        """Teacher forcing: tokens [B, N] (raster) -> logits [B, N, V], logits[:, i] predicting token i."""
+        B, N = tokens.shape
+        x = torch.cat([self.condition(cond, B, drop), self.tok_emb(tokens[:, :-1])], dim=1)
+        rope = self.rope[None, None, :x.shape[1]]
+        for block in self.blocks:
+            x = block(x, rope)
+        return self.head(self.norm(x[:, self.cfg.prefix - 1:]))
+
+    def step(self, slots: torch.Tensor, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Write inputs x [B, n, dim] at absolute slots [B, n] into the cache and return the logits
+        [B, n, V] at those slots. A slot attends to the filled slots at or before it."""
+        cache.filled.scatter_(1, slots, True)
+        key = torch.arange(self.cfg.slots, device=slots.device)
+        mask = (key[None, None, :] <= slots[:, :, None]) & cache.filled[:, None, :]  # [B, n, S]
+        mask = mask[:, None]
+        rope = self.rope[slots][:, None]
+        for i, block in enumerate(self.blocks):
+            x = block(x, rope, layer=i, cache=cache, slots=slots, mask=mask)
+        return self.head(self.norm(x))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok_emb(tokens)

@@ -1,0 +1,154 @@
+"""Token grids of a shard set, computed once per tokenizer and cached, for training the AR models.
+
+Tokenising once beats tokenising on the fly here: every AR epoch would otherwise pay a VQ encoder forward
+per image (measured in the README's AR section). The cache holds, per split, the grids at the full size and at
+each low-res ratio (so the 32, 64 and 128 px models share one pass), the captions and the sample keys. It is
+keyed by the tokenizer's weights (SHA-256) and the shard URLs, so a retrained tokenizer never meets stale
+tokens. Training batches are drawn from a seeded permutation per epoch; the batch counter is checkpointed,
+so a resumed run continues with exactly the batches the interrupted one would have drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+import torch
+from safetensors.torch import load_file, save_file
+from torch.utils.data import DataLoader, IterableDataset
+from tqdm import tqdm
+
+from .datamodule import ShardDataModule
+from .stream import StreamStats, build_pipeline
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def tokenizer_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path / "model.safetensors", "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+@torch.no_grad()
+def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, batch_size: int = 64) -> Path:
+    """One ordered pass over the shards -> out.safetensors (tokens{size}: int16 [N, g, g]) + out.json."""
+    pipeline = build_pipeline(urls, image_size=image_size, ratios=ratios, batch_size=batch_size, seed=0,
+                              shuffle_buffer=0, resampled=False, max_pixels=64_000_000, partial=True,
+                              name="tokenize")
+    grids: dict[int, list[torch.Tensor]] = {}
+    captions, keys, stats = [], [], StreamStats()
+    for batch in tqdm(pipeline, desc=f"tokenising {Path(urls).name}", unit="batch"):
+        views = [batch["image"]] + [batch["low"][r] for r in sorted(batch["low"])]
+        for x in views:
+            grids.setdefault(x.shape[-1], []).append(tokenizer.encode(x).to(torch.int16))
+        captions += batch["caption"]
+        keys += batch["key"]
+        stats.update(batch)
+    if not captions:
+        raise ValueError(f"no samples in {urls}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    save_file({f"tokens{s}": torch.cat(g) for s, g in grids.items()}, str(tmp) + ".safetensors")
+    (Path(str(tmp) + ".json")).write_text(json.dumps({"captions": captions, "keys": keys, "stream": stats.summary()}))
+    os.replace(str(tmp) + ".json", str(out) + ".json")  # json first: the safetensors file marks completion
+    os.replace(str(tmp) + ".safetensors", str(out) + ".safetensors")
+    return out
+
+
+class TokenBatches(IterableDataset):
+    """Endless batches {tokens [B, g, g] long, caption [B]} from a seeded permutation per epoch,
+    starting at global batch `start` (a resumed run's counter)."""
+
+    def __init__(self, tokens: torch.Tensor, captions: list[str], batch_size: int, seed: int, start: int = 0):
+        if len(captions) < batch_size:
+            raise ValueError(f"{len(captions)} samples cannot fill one batch of {batch_size}")
+        self.tokens, self.captions = tokens, captions
+        self.batch_size, self.seed, self.start = batch_size, seed, start
+        self.per_epoch = len(captions) // batch_size
+
+    def __iter__(self):
+        b = self.start
+        while True:
+            epoch, i = divmod(b, self.per_epoch)
+            perm = torch.randperm(len(self.captions), generator=torch.Generator().manual_seed(self.seed + epoch))
+            idx = perm[i * self.batch_size:(i + 1) * self.batch_size]
+            yield {"tokens": self.tokens[idx].long(), "caption": [self.captions[j] for j in idx.tolist()]}
+            b += 1
+
+
+class TokenDataModule(L.LightningDataModule):
+    def __init__(self, shards: ShardDataModule, tokenizer: str, size: int, batch_size: int, seed: int,
+                 val_batches: int = 4, cache_dir: str | Path = "data/tokens"):
+        super().__init__()
+        self.shards, self.tokenizer_name, self.size = shards, tokenizer, size
+        self.batch_size, self.seed, self.val_batches = batch_size, seed, val_batches
+        self.cache_dir = Path(cache_dir)
+        self.train_batches = self.skip_batches = 0
+        self.data: dict[str, tuple[torch.Tensor, list[str]]] = {}
+
+    def _path(self, split: str, urls: str) -> Path:
+        from ..zoo import resolve
+
+        tok = tokenizer_digest(resolve(self.tokenizer_name))
+        ratios = ",".join(map(str, self.shards.ratios))
+        return self.cache_dir / tok / f"{split}-{_digest(urls, str(self.shards.image_size), ratios)}"
+
+    def _splits(self) -> dict[str, str]:
+        return {k: v for k, v in (("train", self.shards.train_urls), ("val", self.shards.val_urls)) if v}
+
+    def prepare_data(self) -> None:
+        from ..zoo import load_tokenizer
+
+        self.shards.prepare_data()
+        todo = {s: u for s, u in self._splits().items() if not Path(str(self._path(s, u)) + ".safetensors").exists()}
+        if todo:
+            tok = load_tokenizer(self.tokenizer_name).eval()
+            for split, urls in todo.items():
+                tokenize_split(tok, urls, self.shards.image_size, self.shards.ratios, self._path(split, urls))
+
+    def setup(self, stage=None) -> None:
+        for split, urls in self._splits().items():
+            path = self._path(split, urls)
+            tensors = load_file(str(path) + ".safetensors")
+            key = f"tokens{self.size}"
+            if key not in tensors:
+                raise ValueError(f"no {self.size} px tokens in {path} (has {', '.join(sorted(tensors))}): "
+                                 f"set data.image_size / data.ratios so that {self.size} px is among the views")
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            self.data[split] = (tensors[key], meta["captions"])
+
+    def summary(self) -> str:
+        n = {k: len(v[1]) for k, v in self.data.items()}
+        return f"{self.train_batches} batches from {n.get('train', 0)} tokenised scenes ({self.size} px)"
+
+    def state_dict(self) -> dict:
+        return {"train_batches": self.train_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train_batches = self.skip_batches = int(state["train_batches"])
+
+    def train_dataloader(self):
+        tokens, captions = self.data["train"]
+        ds = TokenBatches(tokens, captions, self.batch_size, self.seed, start=self.skip_batches)
+        return DataLoader(ds, batch_size=None, num_workers=0)
+
+    def val_dataloader(self):
+        if "val" not in self.data:
+            return []
+        tokens, captions = self.data["val"]
+        n = min(len(captions), self.val_batches * self.batch_size)
+        return DataLoader([{"tokens": tokens[i:i + self.batch_size].long(), "caption": captions[i:i + self.batch_size]}
+                           for i in range(0, n, self.batch_size)], batch_size=None)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        if self.trainer is not None and self.trainer.training:
+            self.train_batches += 1
+        return batch
