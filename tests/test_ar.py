@@ -169,9 +169,19 @@ def test_noise_is_keyed_and_in_range():
     assert not torch.equal(u, uniform(5, torch.tensor([1]), pos, stream=1))
     assert not torch.equal(u, uniform(6, torch.tensor([0]), pos, stream=1))
     assert not torch.equal(u, uniform(5, torch.tensor([0]), pos, stream=2))
-    # the hash stays within 32 bits and matches lowbias32 on a known input (computed independently)
-    h = hash32(torch.tensor([0, 1, 2**32 - 1]))
-    assert int(h.max()) < 2**32 and len(set(h.tolist())) == 3
+    # the int64 tensor hash equals lowbias32 written with Python's unbounded ints
+    def lowbias32(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    words = [0, 1, 12345, 2**31 + 7, 2**32 - 1]
+    for a in words:
+        for b in words:
+            want = lowbias32((lowbias32((0x9E3779B9 ^ a) & 0xFFFFFFFF) ^ b) & 0xFFFFFFFF)
+            assert int(hash32(a, torch.tensor(b))) == want, (a, b)
 
 
 def test_unknown_caption_words_are_refused_naming_them_and_the_vocabulary():
@@ -226,3 +236,35 @@ def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, 
     assert r.returncode == 0, r.stderr[-3000:]
     assert "trained 2 batches" in r.stdout
     assert list((tmp_path / "samples").glob("*.png")), "validation draws a sample grid"
+
+
+def _export_ar(tmp, tokenizer, resolution=32):
+    from mulosd.data.tokens import tokenizer_digest
+    from mulosd.zoo import save
+
+    cfg = TransformerConfig(vocab_size=32, grid=resolution // 8, dim=32, layers=1, heads=2, cond_dim=16)
+    torch.manual_seed(0)
+    model, enc = Transformer(cfg), SceneCaptionEncoder(16)
+    return save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
+                {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, tmp, recipe="test",
+                tokenizer=str(tokenizer), tokenizer_sha256=tokenizer_digest(tokenizer), resolution=resolution,
+                sample={"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
+
+
+def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
+    from mulosd.ar.report import main
+    from mulosd.tokenizer import VQConfig, VQModel
+    from mulosd.zoo import check_same_tokenizer, load_ar, save
+
+    ar = _export_ar(tmp_path / "ar32", tiny_tokenizer)
+    model, enc, meta = load_ar(ar)
+    assert model.cfg.grid == 4 and meta["resolution"] == 32
+    check_same_tokenizer(meta, tiny_tokenizer, "ar32")
+    other = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32))
+    save(other, "vq_tokenizer", other.config.to_dict(), tmp_path / "other", recipe="test")
+    with pytest.raises(ValueError, match="trained on tokenizer"):
+        check_same_tokenizer(meta, tmp_path / "other", "ar32")
+    assert main(["--n", "6", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("ar: geneval32=") and 0 <= float(last.split("=")[1]) <= 1
+    assert main(["--n", "6", "--models", str(ar), "--tokenizer", str(tmp_path / "other")]) == 2

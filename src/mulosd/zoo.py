@@ -62,6 +62,36 @@ def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQMode
     if meta["kind"] != "vq_tokenizer":
         raise ValueError(f"{path} holds a {meta['kind']}, not a vq_tokenizer")
     model = VQModel(VQConfig(**meta["config"]))
-    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
-    model.load_state_dict(state)
+    model.load_state_dict(_load_state(path))
     return model.eval().requires_grad_(False).to(device)
+
+
+def _load_state(path: Path) -> dict:
+    return {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
+
+
+def load_ar(name_or_path: str | Path, device="cpu"):
+    """-> (Transformer, SceneCaptionEncoder, meta) of an exported AR model, in eval mode. The meta records
+    the tokenizer it was trained on (name and weights digest), its resolution and its sampling defaults."""
+    from .ar import SceneCaptionEncoder, Transformer, TransformerConfig
+
+    path = resolve(name_or_path)
+    meta = read_config(path)
+    if meta["kind"] != "ar":
+        raise ValueError(f"{path} holds a {meta['kind']}, not an ar model")
+    model = Transformer(TransformerConfig(**meta["config"]["transformer"]))
+    encoder = SceneCaptionEncoder(model.cfg.cond_dim)
+    torch.nn.ModuleDict({"model": model, "encoder": encoder}).load_state_dict(_load_state(path))
+    model.eval().requires_grad_(False).to(device)
+    encoder.eval().requires_grad_(False).to(device)
+    return model, encoder, meta
+
+
+def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
+    """Refuse a model trained on another tokenizer's codes (DESIGN §9), comparing weight digests."""
+    from .data.tokens import tokenizer_digest
+
+    want, have = meta.get("tokenizer_sha256"), tokenizer_digest(resolve(tokenizer))
+    if want != have:
+        raise ValueError(f"{what} was trained on tokenizer {meta.get('tokenizer')!r} (weights {want}), "
+                         f"not on {str(tokenizer)!r} (weights {have}): its token ids mean other codes")

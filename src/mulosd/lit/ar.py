@@ -124,10 +124,12 @@ class ARModule(L.LightningModule):
                                val_batches=int(self.train_cfg["val_batches"]), cache_dir=cfg.data.token_cache)
 
     def export(self, out_dir, recipe: str):
-        from ..zoo import save
+        from ..data.tokens import tokenizer_digest
+        from ..zoo import resolve, save
 
         h = self.hparams
         return save(torch.nn.ModuleDict({"model": self.model, "encoder": self.encoder}), "ar",
                     {"transformer": dict(h["transformer"]), "encoder": "synthscenes_slots"}, out_dir, recipe,
-                    tokenizer=h["tokenizer"], resolution=h["resolution"], batches=self.batches_seen,
+                    tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(resolve(h["tokenizer"])),
+                    resolution=h["resolution"], batches=self.batches_seen,
                     sample=dict(h["sample"]))

@@ -1,0 +1,91 @@
+"""python -m mulosd.ar.report [--n 200] [--batch 25] [--models synthscenes_ar_32,...]
+
+Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
+set, at every resolution: SynthScenes-GenEval (per category and averaged), per-token latency at batch 1
+(the sequential step a speculative decoder saves) and batched throughput, on this machine's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+from tqdm import tqdm
+
+from ..data.stream import to_image
+from ..data.synthscenes.vocab import CATEGORIES
+from ..decoding import decode_ar
+from ..eval import geneval_score, prompt_set
+from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer
+from . import ARBackbone, Warpers
+
+MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
+
+
+def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
+             progress: bool = True) -> dict:
+    model, encoder, meta = load_ar(model_name)
+    check_same_tokenizer(meta, tokenizer_name, model_name)
+    tokenizer = load_tokenizer(tokenizer_name)
+    s = meta["sample"]
+    warpers = Warpers(s["temperature"], s["top_k"], s["top_p"])
+    images, start = [], time.perf_counter()
+    for i in tqdm(range(0, len(prompts), batch), desc=f"{model_name}", disable=not progress):
+        chunk = prompts[i:i + batch]
+        bb = ARBackbone(model, encoder, cfg_scale=s["cfg_scale"])
+        tokens, _ = decode_ar(bb, chunk, seed=0, warpers=warpers, image_ids=torch.arange(i, i + len(chunk)))
+        with torch.no_grad():
+            images += [to_image(x) for x in tokenizer.decode(tokens).clamp(-1, 1)]
+    batched_s = time.perf_counter() - start
+    lat = []
+    for i in range(latency_prompts):  # batch 1, as the paper reports latency
+        _, trace = decode_ar(ARBackbone(model, encoder, cfg_scale=s["cfg_scale"]), [prompts[i]], seed=0,
+                             warpers=warpers, image_ids=torch.tensor([i]))
+        lat.append(trace.wall_s / trace.steps)
+    score = geneval_score(images, prompts)
+    params = sum(p.numel() for p in model.parameters())
+    return {"resolution": meta["resolution"], "grid": model.cfg.grid, "params": params, "score": score,
+            "ms_per_token": 1000 * float(torch.tensor(lat).median()),
+            "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "images": images}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mulosd.ar.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=25)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--tokenizer", default=TOKENIZER)
+    args = ap.parse_args(argv)
+    if args.n < 1 or args.batch < 1:
+        ap.error("--n and --batch must be >= 1")
+    torch.manual_seed(0)
+    prompts = prompt_set(args.n)
+    rows = {}
+    for name in args.models.split(","):
+        try:
+            rows[name] = evaluate(name, args.tokenizer, prompts, args.batch)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    cats = [c for c in CATEGORIES if any(c in r["score"] for r in rows.values())]
+    print(f"plain AR with CFG on {args.n} held-out prompts, {torch.get_num_threads()} CPU threads")
+    print("| model | px | grid | params | CFG | " + " | ".join(cats) + " | GenEval | ms/token (batch 1) | images/s "
+          f"(batch {args.batch}) |")
+    print("|---" * (8 + len(cats)) + "|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['resolution']} | {r['grid']}x{r['grid']} | {r['params'] / 1e6:.1f}M | {r['cfg_scale']} | "
+              + " | ".join(f"{r['score'].get(c, float('nan')):.2f}" for c in cats)
+              + f" | {r['score']['geneval']:.3f} | {r['ms_per_token']:.2f} | {r['images_per_s']:.2f} |")
+    by_res = {r["resolution"]: r for r in rows.values()}
+    fields = [f"geneval{res}={by_res[res]['score']['geneval']:.3f}" for res in sorted(by_res)]
+    if 128 in by_res:
+        fields.append(f"ms_per_token128={by_res[128]['ms_per_token']:.2f}")
+    print("ar: " + " ".join(fields))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
