@@ -110,12 +110,16 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    batches: int = 3000  # training length in batches (Lightning's max_steps counts optimizer steps: 2 per batch)
-    crop: int = 64  # random crop of the full-size image; the low-res versions are used whole
-    seed: int = 0  # the module's own generator (crops)
+    batches: int = 3000  # training length in batches (Lightning's max_steps counts optimizer steps)
+    seed: int = 0  # the module's own generators (crops, caption dropout, batch order)
     ckpt_every: int = 250  # batches
     val_every: int = 500  # batches
     val_batches: int = 4
+
+
+@dataclass
+class TokenizerScheduleConfig(ScheduleConfig):
+    crop: int = 64  # random crop of the full-size image; the low-res versions are used whole
 
 
 @dataclass
@@ -124,7 +128,7 @@ class TokenizerModelConfig:
     vq: VQConfig = field(default_factory=VQConfig)
     loss: ImageLossConfig = field(default_factory=ImageLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    train: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TokenizerScheduleConfig = field(default_factory=TokenizerScheduleConfig)
 
 
 @dataclass
@@ -148,15 +152,6 @@ class AROptimConfig:
 
 
 @dataclass
-class ARScheduleConfig:
-    batches: int = 3000
-    seed: int = 0  # caption dropout and batch order
-    ckpt_every: int = 250
-    val_every: int = 500
-    val_batches: int = 4
-
-
-@dataclass
 class ARModelConfig:
     name: str = "ar"
     tokenizer: str = "synthscenes_vq_f8"  # zoo name or exported directory
@@ -166,10 +161,33 @@ class ARModelConfig:
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
     optim: AROptimConfig = field(default_factory=AROptimConfig)
-    train: ARScheduleConfig = field(default_factory=ARScheduleConfig)
+    train: ScheduleConfig = field(default_factory=ScheduleConfig)
 
 
-MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig, "ar": ARModelConfig}
+@dataclass
+class SamplerLossConfig:
+    """Selected by the `loss` group: token_ce | mse_lpips | gan (DESIGN §5)."""
+
+    stage: str = "token_ce"
+    commitment: float = 0.25  # pulls the continuous latents towards their codes (stages 2 and 3)
+    image: ImageLossConfig = field(default_factory=lambda: ImageLossConfig(pixel="mse", gan="none"))
+
+
+@dataclass
+class SamplerModelConfig:
+    name: str = "sampler"
+    kind: str = "up"  # up (U_r) | down (D_r)
+    r: int = 2
+    tokenizer: str = "synthscenes_vq_f8"
+    width: int = 128
+    depth: int = 4
+    init_from: str | None = None  # an earlier stage's sampler (zoo name or exported directory)
+    loss: SamplerLossConfig = field(default_factory=SamplerLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: ScheduleConfig = field(default_factory=ScheduleConfig)
+
+
+MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig, "ar": ARModelConfig, "sampler": SamplerModelConfig}
 
 
 @dataclass
@@ -178,6 +196,7 @@ class TrainConfig:
     seed: int = 0
     run_name: str | None = None
     ckpt_path: str | None = None  # resume from this checkpoint (e.g. RUN/checkpoints/last.ckpt)
+    r: int = 2  # the resolution ratio of the samplers (a top-level knob: `experiment=upsampler_gan r=4`)
     model: Any = None  # one of MODEL_SCHEMAS, chosen by the `model` config group
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -201,6 +220,7 @@ TASKS = ("fit", "inspect_data")
 LOGGERS = ("wandb", "csv", "none")
 WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)
+SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")
 DECODINGS = ("reference",)  # the AR strategies join with the decoding issue
 
 
@@ -257,7 +277,23 @@ def validate_model(m: DictConfig) -> DictConfig:
     m = check_keys(m, MODEL_SCHEMAS[m.name], prefix="model.")
     for name in ("ckpt_every", "val_every", "val_batches", "batches"):
         _require(m.train[name] >= 1, f"model.train.{name}", "must be >= 1")
-    return {"tokenizer": _validate_tokenizer, "ar": _validate_ar}[m.name](m)
+    return {"tokenizer": _validate_tokenizer, "ar": _validate_ar, "sampler": _validate_sampler}[m.name](m)
+
+
+def _validate_sampler(m: DictConfig) -> DictConfig:
+    _one_of(m.kind, ("up", "down"), "model.kind")
+    _one_of(m.r, RATIOS, "model.r")
+    _one_of(m.loss.stage, SAMPLER_STAGES, "model.loss.stage")
+    _require(m.kind == "up" or m.loss.stage == "token_ce", "model.loss.stage",
+             "the down-sampler trains with token_ce only")
+    _require(m.width >= 8 and m.width % 4 == 0, "model.width", f"must be a multiple of 4, >= 8; got {m.width}")
+    _require(m.depth >= 1, "model.depth", "must be >= 1")
+    _require(m.optim.lr > 0 and m.optim.d_lr > 0, "model.optim.lr", "learning rates must be > 0")
+    _require(0 <= m.optim.decay_batches <= m.train.batches, "model.optim.decay_batches",
+             f"must be in [0, model.train.batches={m.train.batches}]")
+    _require(m.loss.commitment >= 0, "model.loss.commitment", "must be >= 0")
+    _one_of(m.loss.image.gan, ("hinge", "nonsaturating", "none"), "model.loss.image.gan")
+    return m
 
 
 def _validate_ar(m: DictConfig) -> DictConfig:
@@ -296,8 +332,12 @@ def _validate_tokenizer(m: DictConfig) -> DictConfig:
 def validate_train(cfg: DictConfig) -> None:
     check_keys(cfg, TrainConfig)
     _one_of(cfg.task, TASKS, "task")
+    _one_of(cfg.r, RATIOS, "r")
     if cfg.model is not None:
-        validate_model(cfg.model)
+        m = validate_model(cfg.model)
+        if m.name == "sampler":
+            _require(m.r in cfg.data.ratios, "data.ratios",
+                     f"the stream must yield the 1/{m.r} view the sampler trains on; got {list(cfg.data.ratios)}")
     validate_data(cfg.data)
     _one_of(cfg.logger.name, LOGGERS, "logger.name")
     _one_of(cfg.logger.mode, WANDB_MODES, "logger.mode")

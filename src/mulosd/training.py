@@ -81,6 +81,20 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         m["transformer"] |= {"vocab_size": vq["codebook_size"], "grid": m["resolution"] // f,
                              "prefix": SceneCaptionEncoder.prefix}
         return ARModule(**{k: v for k, v in m.items() if k != "name"})
+    if m["name"] == "sampler":
+        from .lit.sampler import SamplerModule
+        from .zoo import resolve
+
+        for key in ("tokenizer", "init_from"):
+            try:
+                if m[key]:
+                    resolve(m[key])
+            except FileNotFoundError as e:
+                raise ConfigError(f"model.{key}", str(e)) from None
+        try:
+            return SamplerModule(**{k: v for k, v in m.items() if k != "name"})
+        except ValueError as e:  # a sampler to start from that was trained on another tokenizer
+            raise ConfigError("model.init_from", str(e)) from None
     raise ConfigError("model.name", f"unknown model {m['name']!r}")
 
 
@@ -99,10 +113,15 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         raise ConfigError("ckpt_path", f"{cfg.ckpt_path} does not exist (refusing to silently start fresh)")
     if cfg.trainer.max_steps != -1:
         raise ConfigError("trainer.max_steps", "set the length with model.train.batches instead")
+    ckpt_dir = run_dir / "checkpoints"
+    if not cfg.ckpt_path and (ckpt_dir / "last.ckpt").exists():
+        # with OnExceptionCheckpoint among the callbacks, Lightning turns fit(ckpt_path=None) into "last" and
+        # would silently resume this directory's run: resuming is only ever asked for explicitly here
+        raise ConfigError("ckpt_path", f"{ckpt_dir} already holds a run: resume it with ckpt_path={ckpt_dir}/"
+                                       "last.ckpt, or train into a new hydra.run.dir")
     module = build_module(cfg.model)
     sched = cfg.model.train
     per_batch = module.optimizer_steps_per_batch
-    ckpt_dir = run_dir / "checkpoints"
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
                                  every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
                  OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
@@ -115,6 +134,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     dm = module.datamodule(build_datamodule(cfg), cfg)
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=cfg.ckpt_path)
+        if cfg.trainer.fast_dev_run and per_batch > 1:
+            # fast_dev_run's step budget ends the fit before the epoch-end validation: run it explicitly
+            trainer.validate(module, datamodule=dm, verbose=False)
     except SIGTERMException:  # a SystemExit with status 0: a scheduler must see the interruption
         print(f"interrupted by SIGTERM after batch {module.batches_seen}; resume with "
               f"ckpt_path={ckpt_dir}/on_exception.ckpt", file=sys.stderr)

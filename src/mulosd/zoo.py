@@ -95,3 +95,25 @@ def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
     if want != have:
         raise ValueError(f"{what} was trained on tokenizer {meta.get('tokenizer')!r} (weights {want}), "
                          f"not on {str(tokenizer)!r} (weights {have}): its token ids mean other codes")
+
+
+def load_sampler(name_or_path: str | Path, tokenizer: str | Path | None = None, device="cpu"):
+    """-> (LatentUpsampler or LatentDownsampler, meta). With a tokenizer, a sampler whose codebook is not that
+    tokenizer's is refused: its token ids would index other codes."""
+    from .lit.sampler import build_sampler
+
+    path = resolve(name_or_path)
+    meta = read_config(path)
+    if meta["kind"] != "sampler":
+        raise ValueError(f"{path} holds a {meta['kind']}, not a sampler")
+    c = meta["config"]
+    state = _load_state(path)
+    model = build_sampler(c["kind"], c["r"], state["embed.codebook"], c["width"], c["depth"], c["stage"])
+    model.load_state_dict(state)
+    if tokenizer is not None:
+        theirs = load_tokenizer(tokenizer).codebook()
+        if theirs.shape != model.codebook.shape or (theirs - model.codebook).abs().max() > 2e-3:
+            raise ValueError(f"sampler {str(name_or_path)!r} was trained on tokenizer {meta.get('tokenizer')!r}; its "
+                             f"codebook {tuple(model.codebook.shape)} does not match {str(tokenizer)!r}'s "
+                             f"{tuple(theirs.shape)}")
+    return model.eval().requires_grad_(False).to(device), meta

@@ -1,0 +1,211 @@
+"""LightningModule that trains a latent up-sampler U_r or down-sampler D_r through the paper's loss stages.
+
+    token_ce   U_r with a logit head: CE against VQ(high-res image) tokens      (stage 1)
+    mse_lpips  U_r with a latent head: the quantised latents are decoded by the frozen VQ decoder;
+               MSE + LPIPS against the high-res image, plus a commitment term    (stage 2)
+    gan        stage 2 + PatchGAN (hinge, adaptive weight at the head, warm-up in batches)  (stage 3)
+    D_r        always CE against VQ(low-res image) tokens
+
+The batch is streamed from the shards (image and its low-res versions); the frozen tokenizer turns the views
+into tokens on the fly. Manual optimisation with a generator and a discriminator optimiser that both step
+every batch (the discriminator has nothing to do before the GAN stage's warm-up ends), as in the tokenizer
+module, so Lightning's global_step is always 2 x batches.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.stream import to_image
+from ..losses import ImageLoss, ImageLossConfig
+from ..samplers import LatentDownsampler, LatentUpsampler
+from ..samplers.latent import nearest_code
+from ..viz import captioned_grid
+from .resume import assert_finite, rng_state, set_rng_state
+from .tokenizer import psnr
+
+log = logging.getLogger(__name__)
+
+STAGES = ("token_ce", "mse_lpips", "gan")
+
+
+def build_sampler(kind: str, r: int, codebook: torch.Tensor, width: int, depth: int, stage: str):
+    if kind == "down":
+        return LatentDownsampler(codebook, r, width, depth)
+    return LatentUpsampler(codebook, r, width, depth, head="logits" if stage == "token_ce" else "latent")
+
+
+class SamplerModule(L.LightningModule):
+    optimizer_steps_per_batch = 2
+
+    def __init__(self, kind: str, r: int, tokenizer: str, width: int, depth: int, init_from: str | None,
+                 loss: dict, optim: dict, train: dict):
+        super().__init__()
+        self.save_hyperparameters()  # plain containers only
+        from ..zoo import load_tokenizer
+
+        # the frozen tokenizer is not a submodule: it is not trained, not checkpointed, not exported
+        object.__setattr__(self, "tokenizer", load_tokenizer(tokenizer))
+        self.kind, self.r, self.stage = kind, r, loss["stage"]
+        self.sampler = build_sampler(kind, r, self.tokenizer.codebook(), width, depth, self.stage)
+        image_loss = dict(loss["image"]) | ({"gan": "none"} if self.stage != "gan" else {})
+        self.image_loss = ImageLoss(ImageLossConfig(**image_loss)) if self.pixel_stage else None
+        self.optim, self.train_cfg = optim, train
+        self.automatic_optimization = False
+        self.batches_seen = 0
+        self._nonfinite = 0
+        if init_from:
+            self._init_from(init_from)
+
+    @property
+    def pixel_stage(self) -> bool:
+        return self.kind == "up" and self.stage != "token_ce"
+
+    def _init_from(self, name: str) -> None:
+        """Start from an earlier stage's exported sampler (its codebook must be this tokenizer's). Weights whose
+        shapes differ (a stage-1 logit head in a stage-2 model) are left at their initialisation."""
+        from ..zoo import load_sampler
+
+        other, _ = load_sampler(name, tokenizer=self.hparams["tokenizer"])
+        own = self.sampler.state_dict()
+        taken = {k: v for k, v in other.state_dict().items() if k in own and own[k].shape == v.shape}
+        self.sampler.load_state_dict(taken, strict=False)
+        log.info("initialised %d/%d tensors from %s", len(taken), len(own), name)
+
+    def on_fit_start(self) -> None:
+        self.tokenizer.to(self.device)
+
+    def configure_optimizers(self):
+        o = self.optim
+        g = torch.optim.Adam(self.sampler.parameters(), lr=o["lr"], betas=tuple(o["betas"]))
+        uses_gan = self.image_loss is not None and self.image_loss.uses_gan
+        d_params = self.image_loss.discriminator.parameters() if uses_gan else [torch.zeros(1, requires_grad=True)]
+        d = torch.optim.Adam(d_params, lr=o["d_lr"], betas=tuple(o["betas"]))
+        return [g, d]
+
+    @torch.no_grad()
+    def tokens(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(low-res tokens [B,h,w], high-res tokens [B,rh,rw]) of the batch's views."""
+        if self.r not in batch["low"]:
+            raise ValueError(f"the stream yields low-res ratios {sorted(batch['low'])}; r={self.r} needs "
+                             f"data.ratios to include it")
+        return self.tokenizer.encode(batch["low"][self.r]), self.tokenizer.encode(batch["image"])
+
+    def lr_factor(self) -> float:
+        total, decay = int(self.train_cfg["batches"]), int(self.optim.get("decay_batches", 0))
+        return min(1.0, max(0.0, (total - self.batches_seen) / decay)) if decay > 0 else 1.0
+
+    def generator_loss(self, batch: dict, low: torch.Tensor, high: torch.Tensor):
+        if self.kind == "down":
+            logits = self.sampler(high)
+            loss = F.cross_entropy(logits, low)
+            return loss, {"ce": loss.detach(), "acc": (logits.argmax(1) == low).float().mean()}, None
+        if self.stage == "token_ce":
+            logits = self.sampler(low)
+            loss = F.cross_entropy(logits, high)
+            return loss, {"ce": loss.detach(), "acc": (logits.argmax(1) == high).float().mean()}, None
+        z = self.sampler(low)
+        zn = F.normalize(z, dim=1)
+        q, idx = nearest_code(z, self.sampler.codebook)
+        fake = self.tokenizer.decode_latents(q)
+        loss, logs = self.image_loss.generator_loss([batch["image"]], [fake], self.sampler.last_layer(),
+                                                    self.batches_seen)
+        commit = F.mse_loss(zn, q.detach())
+        loss = loss + self.hparams["loss"]["commitment"] * commit
+        logs.update(commit=commit.detach(), acc=(idx == high).float().mean())
+        return loss, logs, fake
+
+    def training_step(self, batch, batch_idx):
+        opt_g, opt_d = self.optimizers()
+        factor = self.lr_factor()
+        for opt, key in ((opt_g, "lr"), (opt_d, "d_lr")):
+            for group in opt.param_groups:
+                group["lr"] = self.optim[key] * factor
+        low, high = self.tokens(batch)
+        loss, logs, fake = self.generator_loss(batch, low, high)
+        if not torch.isfinite(loss):
+            self._nonfinite += 1
+            log.warning("non-finite loss %s at batch %d: update skipped", loss.item(), self.batches_seen)
+            for opt in (opt_g, opt_d):
+                opt.zero_grad(set_to_none=True)
+                opt.step()
+            self.batches_seen += 1
+            if self._nonfinite >= 10:
+                raise FloatingPointError("10 non-finite losses in a row: stopping (lower optim.lr?)")
+            return
+        self._nonfinite = 0
+        opt_g.zero_grad(set_to_none=True)
+        self.manual_backward(loss)
+        self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
+        opt_g.step()
+        opt_d.zero_grad(set_to_none=True)
+        if self.image_loss is not None and self.image_loss.gan_active(self.batches_seen):
+            d_loss, d_logs = self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])
+            self.manual_backward(d_loss)
+            self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
+            logs.update(d_logs)
+        opt_d.step()  # a no-op without gradients
+        self.batches_seen += 1
+        self.log("train/acc", logs.pop("acc"), prog_bar=True, on_step=True)
+        self.log_dict({f"train/{k}": v for k, v in logs.items()}, on_step=True)
+        self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
+
+    @torch.no_grad()
+    def predict_tokens(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        return self.sampler.down(high) if self.kind == "down" else self.sampler.up(low)
+
+    def validation_step(self, batch, batch_idx):
+        low, high = self.tokens(batch)
+        pred = self.predict_tokens(low, high)
+        target = low if self.kind == "down" else high
+        self.log("val/acc", (pred == target).float().mean(), batch_size=len(pred))
+        if self.kind == "up":
+            draft = self.tokenizer.decode(pred).clamp(-1, 1)
+            self.log("val/psnr", psnr(draft, batch["image"]).mean(), batch_size=len(pred))
+            if batch_idx == 0:
+                self._log_grid(batch, low, draft)
+
+    @torch.no_grad()
+    def _log_grid(self, batch: dict, low: torch.Tensor, draft: torch.Tensor) -> None:
+        """low-res (decoded tokens, enlarged) | up-sampled draft | ground truth, for a few scenes."""
+        lowimg = self.tokenizer.decode(low).clamp(-1, 1)
+        tiles = []
+        for i in range(min(4, len(draft))):
+            views = [np.kron(to_image(lowimg[i]), np.ones((self.r, self.r, 1), dtype=np.uint8)),
+                     to_image(draft[i]), to_image(batch["image"][i])]
+            tiles.append(np.concatenate(views, axis=1))
+        grid = captioned_grid(tiles, ["low-res | up-sampled draft | ground truth: " + c
+                                      for c in batch["caption"][:len(tiles)]], cols=1, tile=draft.shape[-1], lines=2)
+        out = Path(self.trainer.default_root_dir) / "samples" / f"batch{self.batches_seen:06d}.png"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        grid.save(out)
+        if self.logger and hasattr(self.logger, "log_image"):
+            self.logger.log_image("val/drafts", [np.asarray(grid)], step=self.global_step)
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        assert_finite(self)
+        checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "rng": rng_state()}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.batches_seen = int(checkpoint["mulosd"]["batches_seen"])
+        set_rng_state(checkpoint["mulosd"]["rng"])
+
+    def datamodule(self, shards, cfg):
+        return shards
+
+    def export(self, out_dir, recipe: str):
+        from ..data.tokens import tokenizer_digest
+        from ..zoo import resolve, save
+
+        h = self.hparams
+        config = {"kind": h["kind"], "r": h["r"], "width": h["width"], "depth": h["depth"], "stage": self.stage,
+                  "codebook_size": int(self.sampler.codebook.shape[0]), "code_dim": int(self.sampler.codebook.shape[1])}
+        return save(self.sampler, "sampler", config, out_dir, recipe, tokenizer=h["tokenizer"],
+                    tokenizer_sha256=tokenizer_digest(resolve(h["tokenizer"])), batches=self.batches_seen,
+                    loss=dict(h["loss"]))

@@ -1,0 +1,135 @@
+"""python -m mulosd.samplers.report [--n 200] [--dir zoo] [--tokenizer NAME]
+
+The paper's ablation (a) on held-out SynthScenes at 128 px: for each up-sampler loss stage and for the
+pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
+token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, and the judge's agreement
+on the decoded draft (true caption accepted, a minimally falsified one rejected). `VQ(high)` is the ceiling
+(the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
+Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.images import downsample
+from ..data.stream import to_image, to_tensor
+from ..data.synthscenes import judge, render, sample_scene
+from ..data.synthscenes.judge import falsify
+from ..eval import EVAL_SEED
+from ..lit.tokenizer import psnr
+from ..losses import build_lpips
+from ..zoo import TOKENIZER, ZOO, load_sampler, load_tokenizer
+from .pixel import PixelUpsampler
+
+STAGES = ("ce", "mse_lpips", "gan")
+SIZE = 128
+
+
+def sampler_name(r: int, stage: str | None = None) -> str:
+    return f"synthscenes_down{r}" if stage is None else f"synthscenes_up{r}_{stage}"
+
+
+@torch.no_grad()
+def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50) -> dict:
+    lpips = build_lpips("alex")
+    scenes = [sample_scene(EVAL_SEED, i) for i in range(n)]
+    wrongs = [falsify(s, np.random.default_rng([EVAL_SEED, i, 1])) for i, s in enumerate(scenes)]
+    highs = [render(s, SIZE) for s in scenes]
+    out = {}
+    for r in ratios:
+        methods = {"VQ(high) (ceiling)": None, "pixel bicubic": PixelUpsampler(tokenizer, r, "bicubic"),
+                   "pixel lanczos": PixelUpsampler(tokenizer, r, "lanczos")}
+        for stage in STAGES:
+            path = directory / sampler_name(r, stage)
+            methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"
+        rows = {}
+        for name, method in methods.items():
+            if method == "missing":
+                rows[name] = None
+                continue
+            acc, ps, lp, agree = [], [], [], []
+            for start in range(0, n, batch):
+                x = torch.stack([to_tensor(h) for h in highs[start:start + batch]])
+                low = torch.stack([to_tensor(downsample(h, r)) for h in highs[start:start + batch]])
+                target = tokenizer.encode(x)
+                pred = target if method is None else method.up(tokenizer.encode(low))
+                draft = tokenizer.decode(pred).clamp(-1, 1)
+                acc.append((pred == target).float().flatten(1).mean(1))
+                ps.append(psnr(draft, x))
+                lp.append(lpips(draft, x).flatten())
+                for j in range(len(pred)):
+                    s, w = scenes[start + j], wrongs[start + j]
+                    image = to_image(draft[j])
+                    agree += [judge(image, s.prompt).ok, not judge(image, w).ok]
+            rows[name] = {"acc": torch.cat(acc).mean().item(), "psnr": torch.cat(ps).mean().item(),
+                          "lpips": torch.cat(lp).mean().item(), "judge": float(np.mean(agree))}
+        down = directory / sampler_name(r)
+        if down.is_dir():
+            d = load_sampler(down, tokenizer_name)[0]
+            hits = []
+            for start in range(0, n, batch):
+                x = torch.stack([to_tensor(h) for h in highs[start:start + batch]])
+                low = torch.stack([to_tensor(downsample(h, r)) for h in highs[start:start + batch]])
+                hits.append((d.down(tokenizer.encode(x)) == tokenizer.encode(low)).float().flatten(1).mean(1))
+            rows["D_r down-sampler"] = {"acc": torch.cat(hits).mean().item()}
+        out[r] = rows
+    return out
+
+
+def table(results: dict, n: int) -> str:
+    lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {SIZE} px (world seed {EVAL_SEED})", "",
+             "| r | method | token acc vs VQ(high) | PSNR dB | LPIPS | judge agreement |", "|---|---|---|---|---|---|"]
+    for r, rows in results.items():
+        for name, m in rows.items():
+            if m is None:
+                lines.append(f"| {r} | {name} | not trained | | | |")
+                continue
+            cells = [f"{m['acc']:.3f}"] + [f"{m[k]:.{p}f}" if k in m else "" for k, p in
+                                           (("psnr", 2), ("lpips", 4), ("judge", 3))]
+            lines.append(f"| {r} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def summary_line(results: dict) -> str:
+    def get(r, stage, key):
+        m = results.get(r, {}).get(f"latent {stage}")
+        return m[key] if m else math.nan
+
+    return (f"samplers: r2_ce_acc={get(2, 'ce', 'acc'):.3f} r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} "
+            f"r4_ce_acc={get(4, 'ce', 'acc'):.3f} r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mulosd.samplers.report", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
+    ap.add_argument("--tokenizer", default=TOKENIZER)
+    ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    args = ap.parse_args(argv)
+    if args.n < 1:
+        ap.error("--n must be >= 1")
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text = table(results, args.n)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(summary_line(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Samplers: row-causality, shapes, the four experiments end to end, GAN warm-up in batches, exact resume,
+codebook checks on load, the pixel-space path and the ablation report."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mulosd.samplers import LatentDownsampler, LatentUpsampler, PixelUpsampler
+from mulosd.tokenizer import VQConfig, VQModel
+from mulosd.zoo import load_sampler, save
+
+from .conftest import ROOT, compose_config
+
+CODEBOOK = torch.randn(64, 8)
+
+
+@pytest.mark.parametrize("r", [2, 4])
+@pytest.mark.parametrize("head", ["logits", "latent"])
+def test_upsampler_is_row_causal_with_the_right_shapes(r, head):
+    torch.manual_seed(0)
+    up = LatentUpsampler(CODEBOOK, r, width=16, depth=2, head=head).eval()
+    low = torch.randint(0, 64, (2, 5, 4))
+    base = up(low)
+    assert base.shape == (2, 64 if head == "logits" else 8, 5 * r, 4 * r)
+    assert up.up(low).shape == (2, 5 * r, 4 * r)
+    for j in range(5):
+        changed = low.clone()
+        changed[:, j] = (changed[:, j] + 1) % 64
+        diff = (up(changed) - base).abs().amax(dim=(0, 1, 3))
+        assert (diff[:r * j] == 0).all(), f"low row {j} leaked into output rows above {r * j}"
+        assert (diff[r * j:r * j + r] > 0).all(), "a low row must influence its own output rows"
+
+
+@pytest.mark.parametrize("r", [2, 4])
+def test_downsampler_reads_only_committed_rows(r):
+    torch.manual_seed(0)
+    down = LatentDownsampler(CODEBOOK, r, width=16, depth=2).eval()
+    high = torch.randint(0, 64, (2, 4 * r, 3 * r))
+    base = down(high)
+    assert base.shape == (2, 64, 4, 3) and down.down(high).shape == (2, 4, 3)
+    for i in range(4 * r):
+        changed = high.clone()
+        changed[:, i] = (changed[:, i] + 1) % 64
+        diff = (down(changed) - base).abs().amax(dim=(0, 1, 3))
+        assert (diff[:i // r] == 0).all(), f"high row {i} leaked into low rows above {i // r}"
+
+
+def test_bad_ratios_and_heads_are_refused():
+    with pytest.raises(ValueError):
+        LatentUpsampler(CODEBOOK, 3)
+    with pytest.raises(ValueError):
+        LatentUpsampler(CODEBOOK, 2, head="pixels")
+    with pytest.raises(ValueError):
+        LatentDownsampler(CODEBOOK, 8)
+    with pytest.raises(ValueError):
+        LatentDownsampler(CODEBOOK, 2)(torch.zeros(1, 5, 4, dtype=torch.long))
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory):
+    torch.manual_seed(0)
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    return save(m, "vq_tokenizer", m.config.to_dict(), tmp_path_factory.mktemp("tok") / "tok", recipe="test")
+
+
+def test_pixel_upsampler_round_trips_through_the_tokenizer(tiny_tokenizer):
+    from mulosd.zoo import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer)
+    low = torch.randint(0, 32, (2, 4, 4))
+    for sr in ("bicubic", "lanczos"):
+        assert PixelUpsampler(tok, 2, sr).up(low).shape == (2, 8, 8)
+    assert PixelUpsampler(tok, 4, lambda x, r: torch.nn.functional.interpolate(x, scale_factor=r)).up(low).shape \
+        == (2, 16, 16)
+    with pytest.raises(ValueError):
+        PixelUpsampler(tok, 2, "esrgan")
+
+
+@pytest.mark.parametrize("experiment", ["upsampler_ce", "upsampler_mse_lpips", "upsampler_gan", "downsampler"])
+@pytest.mark.parametrize("r", [2, 4])
+def test_experiments_compose_with_either_ratio(experiment, r):
+    cfg = compose_config("train", [f"experiment={experiment}", f"r={r}"])
+    assert cfg.model.name == "sampler" and cfg.model.r == r
+    assert cfg.model.kind == ("down" if experiment == "downsampler" else "up")
+    stage = {"upsampler_ce": "token_ce", "upsampler_mse_lpips": "mse_lpips", "upsampler_gan": "gan",
+             "downsampler": "token_ce"}[experiment]
+    assert cfg.model.loss.stage == stage
+
+
+def _common(tokenizer, shards):
+    return [f"model.tokenizer={tokenizer}", "model.init_from=null", f"data.synth.dir={shards}",
+            "data.synth.train_shards=1", "data.synth.val_shards=1", "data.synth.per_shard=8", "data.synth.size=64",
+            "data.image_size=64", "data.batch_size=4", "model.width=16", "model.depth=1", "logger=none"]
+
+
+def _train(run_dir, experiment, *extra, wait=True):
+    cmd = [sys.executable, "train.py", f"experiment={experiment}", f"hydra.run.dir={run_dir}", *extra]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+@pytest.mark.parametrize("experiment,r", [("upsampler_ce", 2), ("upsampler_mse_lpips", 4), ("upsampler_gan", 2),
+                                          ("downsampler", 4)])
+def test_experiment_runs_a_two_batch_fast_dev_run(experiment, r, tmp_path, tmp_path_factory, tiny_tokenizer):
+    shards = tmp_path_factory.getbasetemp() / "sampler_shards"
+    res = _train(tmp_path, experiment, *_common(tiny_tokenizer, shards), f"r={r}", "trainer.fast_dev_run=2",
+                 "model.loss.image.disc_start=1" if experiment == "upsampler_gan" else "model.depth=1")
+    assert "trained 2 batches (8 samples" in res.stdout
+    if experiment != "downsampler":
+        assert list((tmp_path / "samples").glob("*.png")), "low-res | draft | ground truth grid"
+
+
+def _state(path):
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def test_gan_warmup_counts_batches_and_a_killed_run_resumes_exactly(tmp_path, tmp_path_factory, tiny_tokenizer):
+    shards = tmp_path_factory.getbasetemp() / "sampler_shards"
+    common = [*_common(tiny_tokenizer, shards), "model.train.batches=8", "model.train.ckpt_every=1",
+              "model.train.val_every=100", "model.loss.image.disc_start=3", "data.num_workers=1"]
+    common.remove("logger=none")
+    _train(tmp_path / "a", "upsampler_gan", *common, "logger=csv", f"logger.save_dir={tmp_path / 'logs'}",
+           "trainer.log_every_n_steps=1")
+    import csv
+
+    rows = list(csv.DictReader(open(next((tmp_path / "logs").rglob("metrics.csv")))))
+    trained = [(int(float(r["train/batches"])), r.get("train/d_loss", "")) for r in rows if r.get("train/batches")]
+    d_from = min(b for b, d in trained if d)
+    assert d_from == 4, f"with disc_start=3 the discriminator first trains on the 4th batch, not {d_from}"
+    assert all(not d for b, d in trained if b < 4) and len(trained) == 8
+
+    b = tmp_path / "b"
+    proc = _train(b, "upsampler_gan", *common, "logger=none", wait=False)
+    last = b / "checkpoints" / "last.ckpt"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            if last.exists() and _state(last)["mulosd"]["batches_seen"] >= 3:
+                break
+        except Exception:
+            pass
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 3 <= _state(last)["mulosd"]["batches_seen"] < 8, "the run should have been killed mid-way"
+    _train(b, "upsampler_gan", *common, "logger=none", f"ckpt_path={last}")
+    want, got = _state(tmp_path / "a" / "checkpoints" / "last.ckpt"), _state(last)
+    assert want["mulosd"]["batches_seen"] == got["mulosd"]["batches_seen"] == 8
+    assert want["global_step"] == 16  # Lightning's counter: two optimizer steps per batch; the warm-up is not it
+    for k, v in want["state_dict"].items():
+        assert torch.equal(v, got["state_dict"][k]), k
+
+
+def test_rerunning_into_a_used_directory_is_refused(tmp_path, tmp_path_factory, tiny_tokenizer):
+    shards = tmp_path_factory.getbasetemp() / "sampler_shards"
+    args = [*_common(tiny_tokenizer, shards), "model.train.batches=1", "model.train.ckpt_every=1"]
+    _train(tmp_path, "downsampler", *args)
+    r = subprocess.run([sys.executable, "train.py", "experiment=downsampler", f"hydra.run.dir={tmp_path}", *args],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+
+
+def test_a_sampler_for_another_tokenizer_is_refused(tmp_path, tiny_tokenizer):
+    from mulosd.zoo import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer)
+    up = LatentUpsampler(tok.codebook(), 2, width=16, depth=1, head="latent")
+    config = {"kind": "up", "r": 2, "width": 16, "depth": 1, "stage": "mse_lpips", "codebook_size": 32, "code_dim": 8}
+    save(up, "sampler", config, tmp_path / "up", recipe="test")
+    loaded, meta = load_sampler(tmp_path / "up", tokenizer=tiny_tokenizer)
+    assert loaded.r == 2 and meta["config"]["stage"] == "mse_lpips"
+    torch.manual_seed(1)
+    other = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32))
+    save(other, "vq_tokenizer", other.config.to_dict(), tmp_path / "other", recipe="test")
+    with pytest.raises(ValueError, match="codebook"):
+        load_sampler(tmp_path / "up", tokenizer=tmp_path / "other")
+
+
+def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
+    from mulosd.samplers.report import main
+    from mulosd.zoo import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer)
+    for r in (2, 4):
+        up = LatentUpsampler(tok.codebook(), r, width=16, depth=1, head="logits")
+        save(up, "sampler", {"kind": "up", "r": r, "width": 16, "depth": 1, "stage": "token_ce"},
+             tmp_path / f"synthscenes_up{r}_ce", recipe="test")
+    assert main(["--n", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer),
+                 "--out", str(tmp_path / "ablation.md")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("samplers: r2_ce_acc=") and "r4_gan_lpips=nan" in out[-1]
+    assert any("pixel bicubic" in line for line in out) and any("not trained" in line for line in out)
+    assert (tmp_path / "ablation.md").read_text().count("| 2 |") >= 4
