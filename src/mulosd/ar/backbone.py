@@ -94,6 +94,14 @@ class ARBackbone:
         self.tokens_in += positions.numel()
         return self._combine(logits)
 
+    def forget_mask(self, mask: torch.Tensor) -> None:
+        """Un-fill the grid positions where mask [B, N] is true."""
+        P = self.model.cfg.prefix
+        keep = ~mask.to(self.device)
+        if self.guided:
+            keep = keep.repeat(2, 1)
+        self.cache.filled[:, P:] &= keep
+
     def forget(self, positions: torch.Tensor, rows: torch.Tensor | None = None) -> None:
         """Un-fill grid positions [B, n] (or, with rows [k], positions [k, n] of those batch rows only)."""
         slots = positions.to(self.device) + self.model.cfg.prefix

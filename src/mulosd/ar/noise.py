@@ -54,6 +54,6 @@ def uniform(seed: int, images: torch.Tensor, positions: torch.Tensor, stream: in
     return ((h >> 8).double() + 0.5) / float(1 << 24)
 
 
-def gumbel(seed: int, images: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+def gumbel(seed: int, images: torch.Tensor, positions: torch.Tensor, vocab: int, stream: int = GUMBEL):
     """Gumbel(0, 1) noise [B, n, vocab] for Gumbel-max sampling at the given positions."""
-    return (-torch.log(-torch.log(uniform(seed, images, positions, GUMBEL, vocab)))).float()
+    return (-torch.log(-torch.log(uniform(seed, images, positions, stream, vocab)))).float()

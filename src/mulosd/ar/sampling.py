@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .noise import gumbel
+from .noise import GUMBEL, gumbel
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ def warp(logits: torch.Tensor, w: Warpers) -> torch.Tensor:
     return logits.log_softmax(-1)
 
 
-def sample(logp: torch.Tensor, seed: int, images: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Gumbel-max over warped log-probabilities [B, n, V] with noise keyed by (seed, image, position):
+def sample(logp: torch.Tensor, seed: int, images: torch.Tensor, positions: torch.Tensor,
+           stream: int = GUMBEL) -> torch.Tensor:
+    """Gumbel-max over warped log-probabilities [B, n, V] with noise keyed by (seed, image, position, stream):
     an exact sample of softmax(logp), identical whenever the same distribution is queried at the same key."""
-    return (logp + gumbel(seed, images, positions, logp.shape[-1])).argmax(-1)
+    return (logp + gumbel(seed, images, positions, logp.shape[-1], stream)).argmax(-1)

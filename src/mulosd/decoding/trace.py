@@ -25,6 +25,7 @@ class Trace:
     steps: int = 0  # sequential forward passes on the critical path
     wall_s: float = 0.0
     rounds: list[Round] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # strategy-specific tallies (accepted, stale_kv, ...)
     _t0: float = field(default=0.0, repr=False)
 
     def start(self) -> Trace:
@@ -41,4 +42,5 @@ class Trace:
 
     def summary(self) -> str:
         fw = ", ".join(f"{k} {v}" for k, v in self.forwards.items())
-        return f"{self.strategy}: {self.steps} sequential steps, forwards [{fw}], {self.wall_s:.2f} s"
+        extra = "".join(f", {k} {v}" for k, v in self.counts.items())
+        return f"{self.strategy}: {self.steps} sequential steps, forwards [{fw}], {self.wall_s:.2f} s{extra}"

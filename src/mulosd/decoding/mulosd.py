@@ -1,0 +1,218 @@
+"""MuLo-SD: multi-scale local speculative decoding (DESIGN §6).
+
+Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res rows):
+1. the low-res drafter M_q drafts the block serially, after writing the previous block's down-sampled
+   committed tokens into its cache in the same forward (its context is always the verifier's image);
+2. U_r up-samples the low-res prefix (row-causal, so the new rows depend on committed rows and this draft);
+3. the verifier M_p checks the whole high-res block in one forward;
+4. pooled acceptance: sum over B_k(x~) of p >= tau (optional TVD cap delta);
+5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
+   (`rejection=raster` takes every position from t0 on);
+6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
+   step (`resample=parallel`), or one island after another (`serial`);
+7. the committed block is down-sampled by D_r for M_q's next round.
+
+Stale KV entries. The verification forward writes K/V for every drafted position; those of accepted positions
+after t0 were computed with rejected drafts in their context. The rule: rejected positions are un-filled at
+once (they never leak), accepted ones stay as they are while the islands resample (counted as `stale_kv`),
+and the next round's verification forward rewrites the whole committed previous block together with the new
+draft, in the same single forward, so every later round sees exact entries (counted as `refreshed`). The
+drafter's cache is exact: it re-reads the down-sampled committed block.
+
+Randomness: the verifier samples position p with the same key AR uses, (seed, image, p); the drafter draws
+with its own stream. Hence `tau > 1` with serial resampling reproduces `ar` token for token, and `tau = 0`
+returns the up-sampled draft.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..ar import ARBackbone, Warpers, warp
+from ..ar.noise import DRAFT
+from ..ar.sampling import sample
+from .acceptance import pooled_accept
+from .islands import expand, raster_linked_islands
+from .trace import Round, Trace
+
+
+@dataclass(frozen=True)
+class MuLoSDConfig:
+    tau: float = 0.5
+    pool_k: int = 8
+    delta: float | None = None
+    radius: int = 1
+    rejection: str = "local"  # local | raster
+    resample: str = "parallel"  # parallel | serial
+    draft_rows: int = 1  # low-res rows drafted per round
+
+    def __post_init__(self):
+        if not (self.tau >= 0):  # NaN fails too
+            raise ValueError(f"tau must be >= 0 (and in [0, 1] for a meaningful test), got {self.tau}")
+        if self.pool_k < 0:
+            raise ValueError(f"pool_k must be >= 0, got {self.pool_k}")
+        if self.delta is not None and not (0 <= self.delta <= 1):
+            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
+        if self.radius < 0:
+            raise ValueError(f"radius must be >= 0, got {self.radius}")
+        if self.rejection not in ("local", "raster"):
+            raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
+        if self.resample not in ("parallel", "serial"):
+            raise ValueError(f"resample must be parallel or serial, got {self.resample!r}")
+        if self.draft_rows < 1:
+            raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
+
+
+def _sample_draft(logits, warpers, seed, ids, pos):
+    """The drafter's own draw: Gumbel-max on its own noise stream (independent of the verifier's)."""
+    return sample(warp(logits, warpers), seed, ids, pos, stream=DRAFT)
+
+
+@torch.no_grad()
+def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down: Callable, captions: list[str],
+                  neighbours: torch.Tensor, cfg: MuLoSDConfig = MuLoSDConfig(), seed: int = 0,
+                  warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
+                  progress=None) -> tuple[torch.Tensor, Trace]:
+    """-> high-res tokens [B, G, G] and the trace. `up(tokens_low [B,h,w]) -> [B,rh,rw]`, `down` the reverse."""
+    warpers = warpers or Warpers()
+    B, G, g = len(captions), verifier.grid, drafter.grid
+    if G % g:
+        raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
+    r, d = G // g, cfg.draft_rows
+    if g % d:
+        raise ValueError(f"draft_rows={d} must divide the drafter's {g} rows")
+    device = verifier.device
+    ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
+    for bb in (verifier, drafter):
+        bb.calls = bb.tokens_in = 0
+    trace = Trace("mulosd").start()
+    trace.counts = {"drafted": 0, "accepted": 0, "resampled": 0, "stale_kv": 0, "refreshed": 0, "up_calls": 0,
+                    "down_calls": 0}
+    low = torch.zeros(B, g * g, dtype=torch.long, device=device)
+    high = torch.zeros(B, G * G, dtype=torch.long, device=device)
+    lq = drafter.start(captions)
+    lp = verifier.start(captions)
+    steps = 1  # the two prefix forwards are independent: one step on the critical path
+    block_lo, block_hi = d * g, r * d * G
+    for k in range(g // d):
+        lo0, lo1 = k * block_lo, (k + 1) * block_lo
+        hi0, hi1 = k * block_hi, (k + 1) * block_hi
+        # 1. draft the low-res block (first writing the previous block's down-sampled tokens)
+        if k > 0:
+            prev = torch.arange(lo0 - block_lo, lo0, device=device).expand(B, -1)
+            lq = drafter(prev, low.gather(1, prev))[:, -1:]
+            steps += 1
+        for i in range(lo0, lo1):
+            pos = torch.full((B, 1), i, device=device)
+            low[:, i:i + 1] = _sample_draft(lq, warpers, seed, ids, pos)
+            if i + 1 < lo1:
+                lq = drafter(pos, low[:, i:i + 1])
+                steps += 1
+        # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
+        draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
+        trace.counts["up_calls"] += 1
+        # 3. verify the block in one forward; it also rewrites the committed previous block (stale-KV refresh)
+        start = hi0 - block_hi if k > 0 else 0
+        positions = torch.arange(start, hi1 - 1, device=device).expand(B, -1)
+        tokens = torch.cat([high[:, start:hi0], draft[:, :-1]], dim=1)
+        out = verifier(positions, tokens)
+        logits = out[:, hi0 - 1 - start:] if k > 0 else torch.cat([lp, out], dim=1)
+        trace.counts["refreshed"] += B * (hi0 - start)
+        steps += 1
+        logp = warp(logits, warpers)
+        # 4-5. pooled acceptance, local rejection with expansion
+        accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta)
+        rejected = ~accepted
+        rows = r * d
+        redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
+        high[:, hi0:hi1] = draft
+        verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
+        t0 = torch.where(redo.any(1), redo.float().argmax(1), torch.full((B,), rows * G, device=device))
+        stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
+        trace.counts["stale_kv"] += int(stale.sum())
+        # 6. islands, resampled concurrently (or one after another)
+        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample)
+        n_drafted = B * rows * G
+        trace.counts["drafted"] += n_drafted
+        trace.counts["accepted"] += int((~redo).sum())
+        trace.counts["resampled"] += int(redo.sum())
+        trace.rounds.append(Round(*(_on_grid(m, hi0, G * G).cpu() for m in
+                                    (torch.ones_like(redo), accepted & ~redo, rejected, redo))))
+        # 7. down-sample the committed rows for the drafter's next round
+        if k + 1 < g // d:
+            low[:, lo0:lo1] = down(high[:, :hi1].view(B, hi1 // G, G)).reshape(B, -1)[:, lo0:lo1]
+            trace.counts["down_calls"] += 1
+        if progress is not None:
+            progress.update(1)
+    trace.steps = steps
+    return high.view(B, G, G), trace.stop(verifier=verifier, drafter=drafter)
+
+
+def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
+    """A block's mask [B, m] placed at raster offset `start` on the whole grid [B, n]."""
+    out = torch.zeros(block_mask.shape[0], n, dtype=torch.bool, device=block_mask.device)
+    out[:, start:start + block_mask.shape[1]] = block_mask
+    return out
+
+
+def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
+              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str) -> int:
+    """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
+    number of sequential verifier forwards.
+
+    Each step queries, per island, its next position u in raster order: one forward writes u's predecessor
+    (whose output is u's distribution) and the island's last sampled token if it is not that predecessor.
+    The first position of R_X, t0, needs no query: its context is committed and unchanged, so the
+    verification forward's distribution is exact. An image with nothing to do in a step rewrites a position
+    whose context is final (a no-op), so an image decodes the same alone and in a batch."""
+    B, n = redo.shape
+    rows, G = n // verifier.grid, verifier.grid
+    queues = []  # per image: islands, each the list of absolute raster positions
+    for b in range(B):
+        isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(rows, G).cpu().numpy())]
+        queues.append([[p for island in isl for p in island]] if mode == "serial" and isl else isl)
+    first = [min((island[0] for island in q), default=None) for q in queues]
+    done = [[0] * len(q) for q in queues]
+    unwritten: list[set[int]] = [set() for _ in range(B)]
+    steps = 0
+    while True:
+        writes, targets = [], []  # per image: [(position, token)], [(u, index of u-1 in writes or -1)]
+        for b in range(B):
+            w, t = {}, []
+            for j, island in enumerate(queues[b]):
+                if done[b][j] == len(island):
+                    continue
+                u = island[done[b][j]]
+                if u == first[b]:
+                    t.append((u, -1))
+                    continue
+                for p in sorted(unwritten[b].intersection(island)) + [u - 1]:
+                    w.setdefault(p, int(high[b, p]))
+                t.append((u, list(w).index(u - 1)))
+            writes.append(list(w.items()))
+            targets.append(t)
+        if not any(targets):
+            return steps
+        out = None
+        if any(i >= 0 for t in targets for _, i in t):
+            width = max(len(w) for w in writes)
+            pos = torch.empty(B, width, dtype=torch.long, device=high.device)
+            tok = torch.empty_like(pos)
+            for b, w in enumerate(writes):
+                # pad by repeating the last write; an idle image rewrites a position with a final context
+                w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
+                w = w + [w[-1]] * (width - len(w))
+                pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
+            out = warp(verifier(pos, tok), warpers)
+            steps += 1
+        for b in range(B):
+            unwritten[b].difference_update(p for p, _ in writes[b])
+            for u, i in targets[b]:
+                dist = logp[b:b + 1, u - hi0:u - hi0 + 1] if i < 0 else out[b:b + 1, i:i + 1]
+                high[b, u] = sample(dist, seed, ids[b:b + 1], torch.tensor([[u]], device=high.device))[0, 0]
+                unwritten[b].add(u)
+            for j, island in enumerate(queues[b]):
+                done[b][j] = min(done[b][j] + 1, len(island))

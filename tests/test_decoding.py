@@ -1,0 +1,141 @@
+"""Decoding: MuLo-SD against plain AR, the draft at tau = 0, islands and expansion on hand-made masks,
+pooled acceptance by hand, batch independence and refused configurations."""
+
+import numpy as np
+import pytest
+import torch
+
+from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
+from mulosd.data.synthscenes import caption_text, sample_scene
+from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd
+from mulosd.decoding.acceptance import pooled_accept, pooled_mass, residual
+from mulosd.decoding.islands import expand, islands, raster_linked_islands
+from mulosd.samplers import LatentDownsampler, LatentUpsampler
+from mulosd.tokenizer.neighbours import neighbour_table
+
+V = 48
+
+
+def _backbone_models():
+    torch.manual_seed(0)
+
+    def make(grid):
+        m = Transformer(TransformerConfig(vocab_size=V, grid=grid, dim=32, layers=2, heads=2, cond_dim=16))
+        m = m.double().eval()
+        with torch.no_grad():
+            m.null_cond.normal_()
+        return m
+
+    verifier, drafter, enc = make(8), make(4), SceneCaptionEncoder(16).double()
+    codebook = torch.randn(V, 8)
+    up = LatentUpsampler(codebook, 2, 16, 1).double().eval()
+    down = LatentDownsampler(codebook, 2, 16, 1).double().eval()
+    return verifier, drafter, enc, up, down, neighbour_table(codebook, 8)
+
+
+MODELS = _backbone_models()
+CAPTIONS = [caption_text(sample_scene(0, i).prompt) for i in range(3)]
+
+
+def _mulosd(cfg, captions=CAPTIONS, up=None, **kw):
+    verifier, drafter, enc, u, d, nb = MODELS
+    return decode_mulosd(ARBackbone(verifier, enc, 2.0), ARBackbone(drafter, enc, 2.0), up or u.up, d.down,
+                         captions, nb, cfg, seed=5, **kw)
+
+
+@pytest.mark.parametrize("resample", ["serial", "parallel"])
+def test_everything_rejected_reproduces_plain_ar(resample):
+    verifier, _, enc, *_ = MODELS
+    want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
+    got, trace = _mulosd(MuLoSDConfig(tau=1.5, resample=resample))
+    assert torch.equal(got, want)
+    assert trace.counts["accepted"] == 0 and trace.counts["resampled"] == 3 * 64
+
+
+def test_tau_zero_returns_the_upsampled_draft():
+    _, _, _, u, _, _ = MODELS
+    calls = []
+
+    def recording_up(low):
+        out = u.up(low)
+        calls.append(out)
+        return out
+
+    got, trace = _mulosd(MuLoSDConfig(tau=0.0, draft_rows=1), up=recording_up)
+    # round k up-samples the low-res prefix of k+1 rows; its last 2 high-res rows are the round's draft
+    draft = torch.cat([c[:, 2 * k:2 * k + 2] for k, c in enumerate(calls)], dim=1)
+    assert len(calls) == 4 and torch.equal(got, draft)
+    assert trace.counts["resampled"] == 0 and trace.forwards["verifier"] == 1 + 4  # the prefix, then 4 verifications
+    assert all(r.accepted.sum() == r.drafted.sum() for r in trace.rounds)
+
+
+@pytest.mark.parametrize("tau", [0.02, 0.1])
+def test_an_image_is_the_same_alone_and_in_a_batch(tau):
+    cfg = MuLoSDConfig(tau=tau, radius=1)
+    batch, trace = _mulosd(cfg)
+    for i, c in enumerate(CAPTIONS):
+        alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
+        assert torch.equal(alone[0], batch[i])
+    r = trace.rounds[1]
+    assert torch.equal(r.accepted | r.resampled, r.drafted) and not (r.accepted & r.resampled).any()
+
+
+def test_islands_are_the_8_connected_components_of_hand_made_masks():
+    mask = np.array([[1, 1, 0, 0, 0, 1],
+                     [0, 0, 1, 0, 0, 0],   # (1,2) touches (0,1) diagonally: same island
+                     [0, 0, 0, 0, 1, 0],
+                     [1, 0, 0, 0, 0, 1]], dtype=bool)  # (3,5) touches (2,4) diagonally
+    labels, n = islands(mask)
+    assert n == 4
+    groups = sorted(sorted(map(tuple, np.argwhere(labels == k).tolist())) for k in range(1, n + 1))
+    assert groups == [[(0, 0), (0, 1), (1, 2)], [(0, 5)], [(2, 4), (3, 5)], [(3, 0)]]
+    # a row's end and the next row's start are not 8-adjacent, but for resampling they are linked: the model
+    # predicts a row's first token from the slot of the previous row's last one
+    wrap = np.array([[0, 0, 1], [1, 0, 0], [0, 0, 0]], dtype=bool)
+    assert islands(wrap)[1] == 2
+    assert [g.tolist() for g in raster_linked_islands(wrap)] == [[2, 3]]
+
+
+def test_expansion_never_touches_positions_before_t0():
+    rejected = torch.zeros(1, 4, 6, dtype=torch.bool)
+    rejected[0, 1, 3] = True  # t0 = 9
+    rejected[0, 3, 0] = True
+    grown = expand(rejected, radius=1)[0]
+    flat = grown.flatten()
+    assert not flat[:9].any(), "nothing before the first rejected position may be resampled"
+    want = torch.zeros(4, 6, dtype=torch.bool)
+    want[1, 3:5] = True  # row 1: only u >= t0 of the 3x3 neighbourhood
+    want[2, 2:5] = True
+    want[2, 0:2] = True  # from (3,0)
+    want[3, 0:2] = True
+    assert torch.equal(grown, want)
+    assert torch.equal(expand(rejected, radius=0)[0], rejected[0])
+    assert expand(rejected, radius=0, rejection="raster")[0].flatten().tolist() == [False] * 9 + [True] * 15
+    assert not expand(torch.zeros(2, 3, 3, dtype=torch.bool), radius=2).any()
+
+
+def test_pooled_acceptance_by_hand():
+    p = torch.tensor([[[0.5, 0.2, 0.2, 0.1]]])
+    neighbours = torch.tensor([[1, 2, 3], [2, 0, 3], [1, 0, 3], [2, 1, 0]])
+    draft = torch.tensor([[1]])
+    assert pooled_mass(p.log(), draft, neighbours, 0).item() == pytest.approx(0.2)
+    assert pooled_mass(p.log(), draft, neighbours, 1).item() == pytest.approx(0.4)
+    assert pooled_mass(p.log(), draft, neighbours, 2).item() == pytest.approx(0.9)
+    assert pooled_mass(p.log(), draft, neighbours, 2, delta=0.3).item() == pytest.approx(0.5)
+    assert pooled_accept(p.log(), draft, neighbours, 2, tau=0.9)
+    assert not pooled_accept(p.log(), draft, neighbours, 1, tau=0.5)
+    q = torch.tensor([[[0.25, 0.25, 0.25, 0.25]]])
+    assert torch.allclose(residual(p.log(), q.log()).exp(), torch.tensor([[[1.0, 0, 0, 0]]]), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [{"tau": float("nan")}, {"tau": -0.1}, {"delta": 1.5}, {"radius": -1},
+                                 {"rejection": "diagonal"}, {"resample": "zigzag"}, {"draft_rows": 0},
+                                 {"pool_k": -2}])
+def test_bad_configs_are_refused(bad):
+    with pytest.raises(ValueError):
+        MuLoSDConfig(**bad)
+
+
+def test_draft_rows_must_divide_the_drafter_grid():
+    with pytest.raises(ValueError, match="draft_rows"):
+        _mulosd(MuLoSDConfig(draft_rows=3))
