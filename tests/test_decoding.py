@@ -193,3 +193,18 @@ def test_speculative_decoding_batch_independence_and_lantern():
     relaxed, _ = decode_sd(ARBackbone(verifier, enc), ARBackbone(drafter, enc), caps,
                            SDConfig(gamma=2, acceptance="lantern", pool_k=2, delta=0.0), seed=4, neighbours=nb)
     assert torch.equal(exact, relaxed)
+
+
+def test_zipar_with_a_full_row_window_is_plain_ar_and_counts_its_forwards():
+    from mulosd.decoding import decode_zipar
+
+    verifier, _, enc, *_ = MODELS
+    want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
+    got, trace = decode_zipar(ARBackbone(verifier, enc, 2.0), CAPTIONS, window=8, seed=5)
+    assert torch.equal(got, want) and trace.counts["provisional_kv"] == 0
+    fast, trace = decode_zipar(ARBackbone(verifier, enc, 2.0), CAPTIONS, window=2, seed=5)
+    assert trace.forwards["verifier"] == 1 + 8 + 7 * 2 - 1  # prefix, then W + (H-1)s steps less the first
+    assert torch.equal(fast[:, 0], want[:, 0]), "the first row has its full context either way"
+    assert trace.counts["provisional_kv"] == 7 * 7
+    with pytest.raises(ValueError):
+        decode_zipar(ARBackbone(verifier, enc), CAPTIONS, window=0)

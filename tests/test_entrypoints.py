@@ -55,7 +55,8 @@ def test_inspect_data_on_user_shards(tmp_path, synth_shards):
 def test_infer_renders_prompts_that_the_judge_accepts(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle above a blue square on a striped green background\n\nthree dotted rings\n")
-    _run("infer.py", f"prompt_file={prompts}", f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}")
+    _run("infer.py", "decoding=reference", f"prompt_file={prompts}", f"out_dir={tmp_path}",
+         f"hydra.run.dir={tmp_path / 'h'}")
     for i, text in enumerate(["a red circle above a blue square on a striped green background", "three dotted rings"]):
         img = np.asarray(Image.open(tmp_path / f"{i:03d}.png"))
         assert img.shape == (128, 128, 3) and judge(img, parse_caption(text)).ok

@@ -205,15 +205,51 @@ class TrainConfig:
 
 
 @dataclass
+class InferModelsConfig:
+    """Zoo names or exported directories; None = the shipped SynthScenes model for this r / stage."""
+
+    tokenizer: str = "synthscenes_vq_f8"
+    verifier: str = "synthscenes_ar_128"
+    drafter: str | None = None  # synthscenes_ar_{128/r}
+    small: str = "synthscenes_ar_128_small"  # the same-resolution drafter of sd / lantern
+    up: str | None = None  # synthscenes_up{r}_{stage}
+    down: str | None = None  # synthscenes_down{r}
+
+
+@dataclass
 class InferConfig:
     prompt: str | None = "a red circle above a blue square on a striped green background"
     prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
     prompt_file: str | None = None  # one caption per line; used instead of both when given
     seed: int = 0
     batch_size: int = 8
-    size: int = 128
-    decoding: str = "reference"
+    decoding: str = "mulosd"  # mulosd | ar | zipar | sd | lantern | reference
+    compare: bool = False  # also decode with ar from the same seed: speed-up and both judge results
     out_dir: str | None = None  # default: Hydra's run directory
+    size: int = 128  # decoding=reference only (the models fix the size otherwise)
+    # sampling (None: the verifier's recorded defaults)
+    cfg_scale: float | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    # MuLo-SD
+    r: int = 2
+    upsampler: str = "latent"  # latent | pixel
+    stage: str = "gan"  # latent up-sampler's loss stage: ce | mse_lpips | gan
+    sr: str = "bicubic"  # pixel path: bicubic | lanczos
+    tau: float = 0.5
+    pool_k: int = 8
+    delta: float | None = None
+    radius: int = 1
+    rejection: str = "local"
+    resample: str = "parallel"
+    draft_rows: int = 1
+    # baselines
+    gamma: int = 4  # sd / lantern draft length
+    lantern_k: int = 8
+    lantern_delta: float = 0.2
+    window: int = 4  # zipar
+    models: InferModelsConfig = field(default_factory=InferModelsConfig)
 
 
 TASKS = ("fit", "inspect_data")
@@ -221,7 +257,7 @@ LOGGERS = ("wandb", "csv", "none")
 WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)
 SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")
-DECODINGS = ("reference",)  # the AR strategies join with the decoding issue
+DECODINGS = ("mulosd", "ar", "zipar", "sd", "lantern", "reference")
 
 
 def register_configs() -> None:
@@ -351,6 +387,23 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     _require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "
              "prompt_file=")
+    _one_of(cfg.r, RATIOS, "r")
+    _one_of(cfg.upsampler, ("latent", "pixel"), "upsampler")
+    _one_of(cfg.stage, ("ce", "mse_lpips", "gan"), "stage")
+    _one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
+    _one_of(cfg.rejection, ("local", "raster"), "rejection")
+    _one_of(cfg.resample, ("parallel", "serial"), "resample")
+    _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too
+    _require(cfg.delta is None or 0 <= cfg.delta <= 1, "delta", f"must be in [0, 1] or null, got {cfg.delta}")
+    _require(0 <= cfg.lantern_delta <= 1, "lantern_delta", f"must be in [0, 1], got {cfg.lantern_delta}")
+    for key in ("pool_k", "radius", "lantern_k"):
+        _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
+    for key in ("draft_rows", "gamma", "window"):
+        _require(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
+    _require(cfg.cfg_scale is None or cfg.cfg_scale >= 0, "cfg_scale", f"must be >= 0, got {cfg.cfg_scale}")
+    _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")
+    _require(cfg.top_k is None or cfg.top_k >= 0, "top_k", "must be >= 0")
+    _require(cfg.top_p is None or 0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
 
 
 @contextlib.contextmanager

@@ -1,8 +1,10 @@
-"""What `python infer.py` runs: parse the prompts, decode images, save them with the judge's verdicts.
+"""What `python infer.py` runs: parse the prompts, load the models a strategy needs, decode, and save the
+images, MuLo-SD's per-round acceptance maps and the judge's verdicts; `compare=true` also decodes with `ar`
+from the same seed and reports the wall-clock speed-up.
 
-`decoding=reference` draws the SynthScenes world's own rendering of each prompt (a layout sampled from the
-prompt with the run's seed): the ground truth the models are trained towards, useful to see what a prompt
-asks for. The AR decoding strategies (ar, zipar, sd, mulosd) join with the decoding issue.
+Everything that can be wrong with the request (a config value, an unknown word in a prompt, a missing model,
+a drafter, verifier or sampler trained on another tokenizer) is refused before any decoding work.
+`decoding=reference` draws the SynthScenes world's own rendering of each prompt: what a prompt asks for.
 """
 
 from __future__ import annotations
@@ -10,12 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 from omegaconf import DictConfig
 from PIL import Image
+from tqdm import tqdm
 
 from .config import ConfigError, validate_infer
+from .data.stream import to_image
 from .data.synthscenes import CaptionError, judge, parse_caption, realise, render
-from .viz import captioned_grid
+from .viz import acceptance_maps, captioned_grid
 
 
 def load_prompts(cfg: DictConfig) -> list[str]:
@@ -30,30 +35,165 @@ def load_prompts(cfg: DictConfig) -> list[str]:
     return list(cfg.prompts) if cfg.prompts else [cfg.prompt]
 
 
-def run(cfg: DictConfig, run_dir: Path) -> list[dict]:
+def _load(key: str, fn, *args, **kw):
+    """Load a model; a missing or mismatched one becomes a one-line error naming the config key."""
+    try:
+        return fn(*args, **kw)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(key, str(e)) from None
+
+
+class Models:
+    """The models a run needs, loaded once and checked against one tokenizer."""
+
+    def __init__(self, cfg: DictConfig, strategies: set[str]):
+        from .ar import Warpers
+        from .tokenizer.neighbours import cached_neighbour_table
+        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer
+
+        m, r = cfg.models, cfg.r
+        self.tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
+        self.verifier, self.encoder, meta = _load("models.verifier", load_ar, m.verifier)
+        _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
+        s = meta["sample"]
+        self.cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        self.warpers = Warpers(*(s[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
+        if strategies & {"mulosd", "lantern"}:
+            k = max(cfg.pool_k, cfg.lantern_k, 1)
+            self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), k)
+        if "mulosd" in strategies:
+            name = m.drafter or f"synthscenes_ar_{meta['resolution'] // r}"
+            self.drafter, self.drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
+            _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
+            if self.verifier.cfg.grid != r * self.drafter.cfg.grid:
+                raise ConfigError("r", f"verifier grid {self.verifier.cfg.grid} is not r={r} x the drafter grid "
+                                       f"{self.drafter.cfg.grid}")
+            if cfg.upsampler == "pixel":
+                from .samplers import PixelUpsampler
+
+                self.up = PixelUpsampler(self.tokenizer, r, cfg.sr).up
+            else:
+                up_name = m.up or f"synthscenes_up{r}_{cfg.stage}"
+                self.up = _load("models.up", load_sampler, up_name, m.tokenizer)[0].up
+            down_name = m.down or f"synthscenes_down{r}"
+            self.down = _load("models.down", load_sampler, down_name, m.tokenizer)[0].down
+        if strategies & {"sd", "lantern"}:
+            self.small, self.small_encoder, smeta = _load("models.small", load_ar, m.small)
+            _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
+
+    def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None):
+        from .ar import ARBackbone
+        from .decoding import MuLoSDConfig, SDConfig, decode_ar, decode_mulosd, decode_sd, decode_zipar
+
+        verifier = ARBackbone(self.verifier, self.encoder, self.cfg_scale)
+        common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
+        if strategy == "ar":
+            return decode_ar(verifier, captions, **common)
+        if strategy == "zipar":
+            return decode_zipar(verifier, captions, window=cfg.window, **common)
+        if strategy in ("sd", "lantern"):
+            sd = SDConfig(gamma=cfg.gamma, acceptance="exact" if strategy == "sd" else "lantern",
+                          pool_k=cfg.lantern_k, delta=cfg.lantern_delta)
+            return decode_sd(verifier, ARBackbone(self.small, self.small_encoder, self.cfg_scale), captions, sd,
+                             neighbours=getattr(self, "neighbours", None), **common)
+        ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius,
+                          rejection=cfg.rejection, resample=cfg.resample, draft_rows=cfg.draft_rows)
+        drafter = ARBackbone(self.drafter, self.drafter_encoder, self.cfg_scale)
+        return decode_mulosd(verifier, drafter, self.up, self.down, captions, self.neighbours, ml, **common)
+
+
+def _units(strategy: str, cfg: DictConfig, grid: int) -> int:
+    """Progress-bar units per batch: rounds for mulosd, tokens for ar / zipar, draft windows (a bound) for sd."""
+    if strategy == "mulosd":
+        return grid // cfg.r // cfg.draft_rows
+    if strategy == "zipar":
+        return grid + (grid - 1) * cfg.window
+    return grid * grid
+
+
+def decode_all(models: Models, strategy: str, cfg: DictConfig, texts: list[str]) -> tuple[list, list]:
+    """All prompts in batches -> (uint8 images, traces), with a progress bar."""
+    images, traces = [], []
+    grid = models.verifier.cfg.grid
+    batches = range(0, len(texts), cfg.batch_size)
+    with tqdm(total=len(batches) * _units(strategy, cfg, grid), desc=strategy, unit="step",
+              leave=False) as bar:
+        for start in batches:
+            chunk = texts[start:start + cfg.batch_size]
+            ids = torch.arange(start, start + len(chunk))
+            tokens, trace = models.decode(strategy, cfg, chunk, ids, progress=bar)
+            with torch.no_grad():
+                images += [to_image(x) for x in models.tokenizer.decode(tokens).clamp(-1, 1)]
+            traces.append(trace)
+    return images, traces
+
+
+def _verdicts(images, texts) -> list:
+    return [judge(image, parse_caption(text)) for image, text in zip(images, texts, strict=True)]
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict:
     validate_infer(cfg)
     texts = load_prompts(cfg)
-    prompts = []
-    for i, text in enumerate(texts):
+    for i, text in enumerate(texts):  # every prompt is checked before any model is loaded
         try:
-            prompts.append(parse_caption(text))
+            parse_caption(text)
         except CaptionError as e:
             raise ConfigError("prompt" if len(texts) == 1 else f"prompts[{i}]", str(e)) from None
     out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    results, images = [], []
-    for i, (text, prompt) in enumerate(zip(texts, prompts, strict=True)):
-        scene = realise(prompt, np.random.default_rng([cfg.seed, i]))
-        image = render(scene, cfg.size)
+    if cfg.decoding == "reference":
+        return _reference(cfg, texts, out_dir)
+    strategies = {cfg.decoding} | ({"ar"} if cfg.compare else set())
+    models = Models(cfg, strategies)
+    images, traces = decode_all(models, cfg.decoding, cfg, texts)
+    verdicts = _verdicts(images, texts)
+    for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
+        path = out_dir / f"{i:03d}.png"
+        Image.fromarray(image).save(path)
+        failed = [k for k, ok in v.checks.items() if not ok]
+        print(f"[{i}] {text!r} -> {path}  judge: {'pass' if v.ok else 'fail ' + ', '.join(failed)}")
+    grid_path = out_dir / "grid.png"
+    captioned_grid(images, [("OK " if v.geneval else "NO ") + t for v, t in zip(verdicts, texts, strict=True)],
+                   cols=min(4, len(images))).save(grid_path)
+    if cfg.decoding == "mulosd":
+        for b, trace in enumerate(traces):
+            batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+            path = out_dir / f"acceptance_{b:03d}.png"
+            acceptance_maps(batch_images, trace.rounds, models.verifier.cfg.grid).save(path)
+            print(f"acceptance maps (one row per image, one tile per round) -> {path}")
+    wall = sum(t.wall_s for t in traces)
+    geneval = float(np.mean([v.geneval for v in verdicts]))
+    for t in traces:
+        print(t.summary())
+    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {geneval:.3f}; grid -> {grid_path}")
+    result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
+    if cfg.compare:
+        ar_images, ar_traces = decode_all(models, "ar", cfg, texts)
+        ar_wall = sum(t.wall_s for t in ar_traces)
+        ar_geneval = float(np.mean([v.geneval for v in _verdicts(ar_images, texts)]))
+        captioned_grid(ar_images, texts, cols=min(4, len(ar_images))).save(out_dir / "grid_ar.png")
+        for t in ar_traces:
+            print(t.summary())
+        result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval}
+        print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {ar_geneval:.3f}")
+        print(f"speedup={ar_wall / wall:.2f} judge_{cfg.decoding}={geneval:.3f} judge_ar={ar_geneval:.3f}")
+    return result
+
+
+def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
+    images = []
+    for i, text in enumerate(texts):
+        prompt = parse_caption(text)
+        image = render(realise(prompt, np.random.default_rng([cfg.seed, i])), cfg.size)
         verdict = judge(image, prompt)
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
         images.append(image)
         failed = [k for k, v in verdict.checks.items() if not v]
         print(f"[{i}] {text!r} -> {path}  judge: {'pass' if verdict.ok else 'fail ' + ', '.join(failed)}")
-        results.append({"prompt": text, "path": str(path), "geneval": verdict.geneval, "checks": verdict.checks})
     if len(images) > 1:
         grid = out_dir / "grid.png"
         captioned_grid(images, texts, cols=min(4, len(images))).save(grid)
         print(f"grid -> {grid}")
-    return results
+    return {"images": images}

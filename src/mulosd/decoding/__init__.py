@@ -2,6 +2,8 @@
 
 from .ar import decode_ar
 from .mulosd import MuLoSDConfig, decode_mulosd
+from .sd import SDConfig, decode_sd
 from .trace import Round, Trace
+from .zipar import decode_zipar
 
-__all__ = ["MuLoSDConfig", "Round", "Trace", "decode_ar", "decode_mulosd"]
+__all__ = ["MuLoSDConfig", "Round", "SDConfig", "Trace", "decode_ar", "decode_mulosd", "decode_sd", "decode_zipar"]

@@ -1,0 +1,65 @@
+"""ZipAR (ICML 2025): row r+1 starts once row r has `window` tokens, and one forward advances every active
+row by one token: W + (H-1) * window forwards instead of H * W.
+
+A raster next-token model predicts a row's first token from the slot of the previous row's last token, which
+ZipAR has not decoded yet when the row starts. The rule here: that slot is written provisionally with the
+previous row's latest token (its neighbour in content, at the right position), and rewritten with the real
+token once the row finishes; K/V computed against a provisional slot are counted as `provisional_kv`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..ar import ARBackbone, Warpers, sample, warp
+from .trace import Trace
+
+
+@torch.no_grad()
+def decode_zipar(backbone: ARBackbone, captions: list[str], window: int = 4, seed: int = 0,
+                 warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
+                 progress=None) -> tuple[torch.Tensor, Trace]:
+    W = backbone.grid
+    if not 1 <= window <= W:
+        raise ValueError(f"window must be in 1..{W}, got {window}")
+    warpers = warpers or Warpers()
+    B = len(captions)
+    device = backbone.device
+    ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
+    backbone.calls = backbone.tokens_in = 0
+    trace = Trace(f"zipar{window}").start()
+    trace.counts = {"provisional_kv": 0}
+    tokens = torch.zeros(B, W * W, dtype=torch.long, device=device)
+    first = warp(backbone.start(captions), warpers)
+    steps, pending = 1, []  # pending: last positions of finished rows, to be written for real
+    for t in range(W + (W - 1) * window):
+        active = [(r, t - r * window) for r in range(W) if 0 <= t - r * window < W]
+        writes, queries = list(pending), []
+        pending = []
+        for r, c in active:
+            u = r * W + c
+            if u == 0:
+                queries.append((u, None))
+                continue
+            if c == 0:  # provisional: the previous row's latest token at the previous row's last slot
+                latest = (r - 1) * W + window - 1  # decoded in the previous step
+                writes.append((u - 1, latest))
+                if latest != u - 1:  # the row's other tokens will attend to a provisional slot
+                    trace.counts["provisional_kv"] += W - 1
+            else:
+                writes.append((u - 1, u - 1))
+            queries.append((u, len(writes) - 1))
+        logits = None
+        if writes:
+            pos = torch.tensor([p for p, _ in writes], device=device).expand(B, -1)
+            logits = warp(backbone(pos, tokens[:, [src for _, src in writes]]), warpers)
+            steps += 1
+        for u, i in queries:
+            dist = first if i is None else logits[:, i:i + 1]
+            tokens[:, u:u + 1] = sample(dist, seed, ids, torch.full((B, 1), u, device=device))
+            if u % W == W - 1 and u + 1 < W * W:
+                pending.append((u, u))
+        if progress is not None:
+            progress.update(1)
+    trace.steps = steps
+    return tokens.view(B, W, W), trace.stop(verifier=backbone)
