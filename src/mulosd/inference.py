@@ -166,7 +166,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     geneval = float(np.mean([v.geneval for v in verdicts]))
     for t in traces:
         print(t.summary())
-    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {geneval:.3f}; grid -> {grid_path}")
+    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {geneval:.3f}; "
+          f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
     if cfg.compare:
         ar_images, ar_traces = decode_all(models, "ar", cfg, texts)
