@@ -60,7 +60,7 @@ def acceptance_maps(images: list[np.ndarray], rounds: list, grid: int, cell: int
     for name, rgb in ROUND_COLOURS.items():
         draw.rectangle([x, 6, x + 10, 16], fill=rgb)
         draw.text((x + 14, 4), name, fill=(20, 20, 20), font=font)
-        x += 20 + 7 * len(name)
+        x += 26 + 8 * len(name)
     for i, image in enumerate(images):
         base = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.NEAREST)).astype(np.float32)
         y = head + i * (size + 4)
