@@ -24,11 +24,11 @@ demo: setup
 	$(PY) -m mulosd.data.synthscenes preview --out outputs/preview.png
 
 test: setup
-	.venv/bin/ruff check src tests train.py infer.py
+	.venv/bin/ruff check src tests train.py infer.py bench.py
 	$(PY) -m pytest -q
 
 lint: setup
-	.venv/bin/ruff check src tests train.py infer.py
+	.venv/bin/ruff check src tests train.py infer.py bench.py
 
 clean:
 	rm -rf .venv outputs .pytest_cache

@@ -2,10 +2,16 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
+from mulosd.ar import SceneCaptionEncoder, Transformer, TransformerConfig
 from mulosd.config import register_configs
 from mulosd.data.synthscenes.shards import write_split
+from mulosd.data.tokens import tokenizer_digest
+from mulosd.samplers import LatentDownsampler, LatentUpsampler
+from mulosd.tokenizer import VQConfig, VQModel
+from mulosd.zoo import save
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "disabled")
@@ -23,3 +29,42 @@ def synth_shards(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("shards")
     write_split(out, "train", 2, 16, 64, seed=3, workers=1, progress=False)
     return out
+
+
+TINY_SAMPLE = {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+
+
+def _tiny_tokenizer(path, seed):
+    torch.manual_seed(seed)
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    return save(m, "vq_tokenizer", m.config.to_dict(), path, recipe="test"), m
+
+
+def _tiny_ar(path, tok_path, resolution, dim=32):
+    cfg = TransformerConfig(vocab_size=32, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16)
+    model, enc = Transformer(cfg), SceneCaptionEncoder(16)
+    save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
+         {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, path, recipe="test",
+         tokenizer=str(tok_path), tokenizer_sha256=tokenizer_digest(tok_path), resolution=resolution,
+         sample=TINY_SAMPLE)
+
+
+def _tiny_sampler(path, model, kind, stage):
+    config = {"kind": kind, "r": 2, "width": 16, "depth": 1, "stage": stage}
+    save(model, "sampler", config, path, recipe="test")
+
+
+@pytest.fixture(scope="session")
+def tiny_zoo(tmp_path_factory):
+    """Random-weight models with the zoo's layout: tokenizer, verifier 128 px, drafter 64 px, small drafter,
+    r=2 samplers, and an up-sampler trained on another tokenizer."""
+    root = tmp_path_factory.mktemp("zoo")
+    tok_path, tok = _tiny_tokenizer(root / "tok", 0)
+    _tiny_ar(root / "ar128", tok_path, 128)
+    _tiny_ar(root / "ar64", tok_path, 64)
+    _tiny_ar(root / "small", tok_path, 128, dim=16)
+    _tiny_sampler(root / "up", LatentUpsampler(tok.codebook(), 2, 16, 1, head="latent"), "up", "gan")
+    _tiny_sampler(root / "down", LatentDownsampler(tok.codebook(), 2, 16, 1), "down", "token_ce")
+    other_path, other = _tiny_tokenizer(root / "other_tok", 1)
+    _tiny_sampler(root / "up_other", LatentUpsampler(other.codebook(), 2, 16, 1, head="latent"), "up", "gan")
+    return root

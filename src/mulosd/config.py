@@ -252,6 +252,22 @@ class InferConfig:
     models: InferModelsConfig = field(default_factory=InferModelsConfig)
 
 
+@dataclass
+class BenchConfig:
+    n_prompts: int = 64
+    prompt_seed: int = 4242  # the fixed held-out prompt set (mulosd.eval.prompt_set)
+    seed: int = 0
+    batch_size: int = 1  # latency as the paper measures it; larger batches work too
+    strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "mulosd"])  # + ar, always
+    rs: list[int] = field(default_factory=lambda: [2, 4])
+    taus: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7])
+    radii: list[int] = field(default_factory=lambda: [1])
+    fd: bool = True  # FD-VGG against the world's renders of the same prompts
+    resume: bool = True  # continue RUN/cells.jsonl instead of starting over
+    out_dir: str | None = "outputs/bench"
+    infer: InferConfig = field(default_factory=InferConfig)  # models, sampling and strategy defaults
+
+
 TASKS = ("fit", "inspect_data")
 LOGGERS = ("wandb", "csv", "none")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -264,6 +280,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
     cs.store(name="infer_schema", node=InferConfig)
+    cs.store(name="bench_schema", node=BenchConfig)
 
 
 def check_keys(cfg: DictConfig, schema: type, prefix: str = "") -> DictConfig:
@@ -404,6 +421,24 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")
     _require(cfg.top_k is None or cfg.top_k >= 0, "top_k", "must be >= 0")
     _require(cfg.top_p is None or 0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
+
+
+def validate_bench(cfg: DictConfig) -> None:
+    check_keys(cfg, BenchConfig)
+    _require(cfg.n_prompts >= 1, "n_prompts", f"must be >= 1, got {cfg.n_prompts}")
+    _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    for s in cfg.strategies:
+        _one_of(s, ("mulosd", "zipar", "sd", "lantern"), "strategies")
+    for r in cfg.rs:
+        _one_of(r, RATIOS, "rs")
+    for t in cfg.taus:
+        _require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
+    for rad in cfg.radii:
+        _require(rad >= 0, "radii", f"every radius must be >= 0, got {rad}")
+    try:
+        validate_infer(cfg.infer)
+    except ConfigError as e:
+        raise ConfigError("infer." + e.key, str(e).split(": ", 1)[1]) from None
 
 
 @contextlib.contextmanager

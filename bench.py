@@ -1,0 +1,23 @@
+"""Benchmark every decoding strategy on the same prompts and seeds: python bench.py [taus=[...] rs=[2,4] ...]"""
+
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from mulosd.config import exit_on_config_error, register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="bench")
+def main(cfg: DictConfig) -> None:
+    from mulosd.bench import run
+
+    with exit_on_config_error():
+        run(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+if __name__ == "__main__":
+    main()

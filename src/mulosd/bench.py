@@ -1,0 +1,196 @@
+"""What `python bench.py` runs: every decoding strategy (and MuLo-SD over a grid of r, tau, radius) on the
+same prompts and seeds, in one process, interleaved batch by batch (A B C A B C ...: this CPU's timing
+drifts by +-25% between runs, so only ratios measured side by side mean anything). Writes a markdown table,
+a CSV and plots of speed-up against SynthScenes-GenEval and against FD-VGG, one curve per method.
+
+Finished (point, batch) cells are appended to RUN/cells.jsonl with their images saved, so a killed bench
+resumes where it stopped instead of starting over.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from PIL import Image
+from tqdm import tqdm
+
+from .config import validate_bench
+from .eval import geneval_score, prompt_set
+
+BASELINES = ("zipar", "sd", "lantern")
+
+
+@dataclass(frozen=True)
+class Point:
+    strategy: str
+    r: int | None = None
+    tau: float | None = None
+    radius: int | None = None
+
+    @property
+    def name(self) -> str:
+        if self.strategy != "mulosd":
+            return self.strategy
+        return f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}"
+
+
+def grid(cfg: DictConfig) -> list[Point]:
+    points = [Point("ar")] + [Point(s) for s in cfg.strategies if s in BASELINES]
+    if "mulosd" in cfg.strategies:
+        points += [Point("mulosd", r, float(t), rad) for r in cfg.rs for t in cfg.taus for rad in cfg.radii]
+    return points
+
+
+def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
+    c = copy.deepcopy(cfg.infer)
+    c.seed, c.batch_size = cfg.seed, cfg.batch_size
+    if point.strategy == "mulosd":
+        c.r, c.tau, c.radius = point.r, point.tau, point.radius
+    return c
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict:
+    from .inference import Models
+
+    validate_bench(cfg)
+    out = Path(cfg.out_dir) if cfg.out_dir else run_dir
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = prompt_set(cfg.n_prompts, seed=cfg.prompt_seed)
+    points = grid(cfg)
+    cells_path = out / "cells.jsonl"
+    done = {}
+    if cfg.resume and cells_path.is_file():
+        for line in cells_path.read_text().splitlines():
+            cell = json.loads(line)
+            done[(cell["point"], cell["start"])] = cell
+    elif cells_path.exists():
+        cells_path.unlink()
+    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    models: dict = {}  # r -> Models (the drafter and samplers depend on r)
+    starts = range(0, len(prompts), cfg.batch_size)
+    todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
+    with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
+              unit="cell") as bar:
+        for start, point in todo:
+            icfg = _infer_cfg(cfg, point)
+            key = point.r or cfg.infer.r
+            if key not in models:
+                models[key] = Models(icfg, {"ar", *cfg.strategies})
+            chunk = prompts[start:start + cfg.batch_size]
+            tokens, trace = models[key].decode(point.strategy, icfg, chunk, torch.arange(start, start + len(chunk)))
+            with torch.no_grad():
+                images = models[key].tokenizer.decode(tokens).clamp(-1, 1)
+            folder = out / "images" / point.name
+            folder.mkdir(parents=True, exist_ok=True)
+            for j, x in enumerate(images):
+                Image.fromarray(((x.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()).save(
+                    folder / f"{start + j:04d}.png")
+            cell = {"point": point.name, "start": start, "n": len(chunk), "wall_s": trace.wall_s,
+                    "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts}
+            with cells_path.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+            done[(point.name, start)] = cell
+            bar.update(1)
+    return summarise(cfg, out, prompts, points, done)
+
+
+def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point], done: dict) -> dict:
+    reference = _references(prompts, cfg.seed) if cfg.fd else None
+    rows = []
+    for p in points:
+        cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
+        images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
+        score = geneval_score(images, prompts)
+        row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
+               "radius": "" if p.radius is None else p.radius, "wall_s": sum(c["wall_s"] for c in cells),
+               "steps": sum(c["steps"] for c in cells) / len(cells),
+               "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
+               "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
+               "geneval": score["geneval"]}
+        if reference is not None:
+            from .eval.fd import fd_vgg
+
+            row["fd_vgg"] = fd_vgg(images, reference)
+        rows.append(row)
+    ar = rows[0]
+    for row in rows:
+        row["speedup"] = ar["wall_s"] / row["wall_s"]
+    _write(out, rows, cfg)
+    line = _last_line(rows, ar)
+    print(line)
+    return {"rows": rows, "line": line}
+
+
+def _references(prompts: list[str], seed: int) -> list[np.ndarray]:
+    from .data.synthscenes import parse_caption, realise, render
+
+    return [render(realise(parse_caption(t), np.random.default_rng([seed, i])), 128) for i, t in enumerate(prompts)]
+
+
+def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
+    keys = list(rows[0])
+    with (out / "results.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, keys)
+        w.writeheader()
+        w.writerows(rows)
+    fd = "fd_vgg" in rows[0]
+    lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}, "
+             f"{torch.get_num_threads()} CPU threads; speed-up = wall-clock of ar / of the method, same run", "",
+             "| method | speed-up | sequential steps | verifier forwards | drafter forwards | GenEval |"
+             + (" FD-VGG |" if fd else ""), "|---|---|---|---|---|---|" + ("---|" if fd else "")]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {r['verifier_forwards']:.0f} | "
+                     f"{r['drafter_forwards']:.0f} | {r['geneval']:.3f} |" + (f" {r['fd_vgg']:.2f} |" if fd else ""))
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    _plot(out, rows, fd)
+
+
+def _plot(out: Path, rows: list[dict], fd: bool) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("plots skipped: matplotlib is not installed")
+        return
+    metrics = [("geneval", "SynthScenes-GenEval (higher is better)")] + ([("fd_vgg", "FD-VGG (lower is better)")]
+                                                                        if fd else [])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.5), squeeze=False)
+    for ax, (key, label) in zip(axes[0], metrics, strict=True):
+        curves: dict[str, list] = {}
+        for r in rows:
+            curve = r["method"] if r["strategy"] != "mulosd" else f"mulosd r={r['r']} l={r['radius']}"
+            curves.setdefault(curve, []).append(r)
+        for curve, rs in curves.items():
+            rs = sorted(rs, key=lambda r: r["tau"] if r["tau"] != "" else 0)
+            ax.plot([r["speedup"] for r in rs], [r[key] for r in rs], "o-" if len(rs) > 1 else "s", label=curve)
+            for r in rs:
+                if r["tau"] != "":
+                    ax.annotate(f"τ={r['tau']:g}", (r["speedup"], r[key]), fontsize=7)
+        ax.set_xlabel("speed-up over ar (wall-clock)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=120)
+    plt.close(fig)
+
+
+def _last_line(rows: list[dict], ar: dict) -> str:
+    near = [r for r in rows if abs(r["geneval"] - ar["geneval"]) <= 0.03]
+    ours = [r for r in rows if r["strategy"] == "mulosd" and r["r"] == 2]
+    pick = max([r for r in ours if r in near] or ours or [ar], key=lambda r: r["speedup"])
+    peers = [r for r in near if r["strategy"] in BASELINES]
+    peer = max(peers, key=lambda r: r["speedup"]) if peers else None
+    return (f"bench: mulosd_r2 speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f} "
+            f"ar_geneval={ar['geneval']:.3f} best_peer={peer['method'] if peer else 'none'} "
+            f"best_peer_speedup={peer['speedup'] if peer else 0:.2f}")

@@ -1,0 +1,44 @@
+"""python bench.py end to end on the tiny random zoo: table, CSV, plot, last line, and resume."""
+
+import json
+import re
+import subprocess
+import sys
+
+from .conftest import ROOT
+
+
+def _bench(zoo, out, *extra):
+    args = [f"infer.models.tokenizer={zoo / 'tok'}", f"infer.models.verifier={zoo / 'ar128'}",
+            f"infer.models.drafter={zoo / 'ar64'}", f"infer.models.small={zoo / 'small'}",
+            f"infer.models.up={zoo / 'up'}", f"infer.models.down={zoo / 'down'}", f"out_dir={out}",
+            f"hydra.run.dir={out / 'h'}", "n_prompts=4", "batch_size=2", "rs=[2]", "taus=[0.0,1.0]", *extra]
+    return subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
+    r = _bench(tiny_zoo, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"bench: mulosd_r2 speedup=\d+\.\d\d geneval=\d\.\d{3} ar_geneval=\d\.\d{3} "
+                        r"best_peer=\S+ best_peer_speedup=\d+\.\d\d", last), last
+    table = (tmp_path / "results.md").read_text()
+    for method in ("ar", "zipar", "sd", "lantern", "mulosd_r2_tau0_l1", "mulosd_r2_tau1_l1"):
+        assert f"| {method} |" in table, method
+    assert (tmp_path / "results.csv").read_text().count("\n") == 7 and (tmp_path / "speedup.png").is_file()
+    cells = (tmp_path / "cells.jsonl").read_text().splitlines()
+    assert len(cells) == 6 * 2
+    # a half-finished run: drop the last three cells; the rerun computes exactly those
+    (tmp_path / "cells.jsonl").write_text("\n".join(cells[:-3]) + "\n")
+    kept = {(json.loads(c)["point"], json.loads(c)["start"]) for c in cells[:-3]}
+    r = _bench(tiny_zoo, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert len(again) == 12 and {(c["point"], c["start"]) for c in again[:9]} == kept
+
+
+def test_bench_refuses_bad_grids(tiny_zoo, tmp_path):
+    for override, key in (("taus=[0.5,1.5]", "taus"), ("rs=[3]", "rs"), ("strategies=[magic]", "strategies"),
+                          ("infer.tau=-1", "infer.tau")):
+        r = _bench(tiny_zoo, tmp_path, override)
+        assert r.returncode == 2 and f"error: {key}" in r.stderr, (override, r.stderr[-500:])
