@@ -208,3 +208,13 @@ def test_zipar_with_a_full_row_window_is_plain_ar_and_counts_its_forwards():
     assert trace.counts["provisional_kv"] == 7 * 7
     with pytest.raises(ValueError):
         decode_zipar(ARBackbone(verifier, enc), CAPTIONS, window=0)
+
+
+def test_frechet_distance_is_zero_on_identical_sets_and_grows_with_a_shift():
+    from mulosd.eval.fd import frechet_distance
+
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(200, 8))
+    assert abs(frechet_distance(a, a)) < 1e-6
+    near, far = frechet_distance(a, a + 0.1), frechet_distance(a, a + 1.0)
+    assert near == pytest.approx(8 * 0.01, rel=1e-3) and far == pytest.approx(8.0, rel=1e-3)
