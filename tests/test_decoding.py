@@ -124,6 +124,9 @@ def test_pooled_acceptance_by_hand():
     assert pooled_mass(p.log(), draft, neighbours, 2, delta=0.3).item() == pytest.approx(0.5)
     assert pooled_accept(p.log(), draft, neighbours, 2, tau=0.9)
     assert not pooled_accept(p.log(), draft, neighbours, 1, tau=0.5)
+    # relative: against the mode's pooled mass (token 0: 0.5 + 0.2 with k=1), 0.4 >= 0.5 * 0.7
+    assert pooled_accept(p.log(), draft, neighbours, 1, tau=0.5, relative=True)
+    assert not pooled_accept(p.log(), draft, neighbours, 1, tau=0.6, relative=True)
     q = torch.tensor([[[0.25, 0.25, 0.25, 0.25]]])
     assert torch.allclose(residual(p.log(), q.log()).exp(), torch.tensor([[[1.0, 0, 0, 0]]]), atol=1e-6)
 

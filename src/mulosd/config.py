@@ -244,6 +244,7 @@ class InferConfig:
     rejection: str = "local"
     resample: str = "parallel"
     draft_rows: int = 1
+    relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # baselines
     gamma: int = 4  # sd / lantern draft length
     lantern_k: int = 8

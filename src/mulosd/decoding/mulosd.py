@@ -48,6 +48,7 @@ class MuLoSDConfig:
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial
     draft_rows: int = 1  # low-res rows drafted per round
+    relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
 
     def __post_init__(self):
         if not (self.tau >= 0):  # NaN fails too
@@ -124,7 +125,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         steps += 1
         logp = warp(logits, warpers)
         # 4-5. pooled acceptance, local rejection with expansion
-        accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta)
+        accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
         rejected = ~accepted
         rows = r * d
         redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
