@@ -251,6 +251,8 @@ class InferConfig:
     lantern_delta: float = 0.2
     window: int = 4  # zipar
     models: InferModelsConfig = field(default_factory=InferModelsConfig)
+    wandb: str = "disabled"  # disabled | offline | online: log the run's summary (what sweeps optimise)
+    wandb_project: str = "mulosd"
 
 
 @dataclass
@@ -422,6 +424,7 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")
     _require(cfg.top_k is None or cfg.top_k >= 0, "top_k", "must be >= 0")
     _require(cfg.top_p is None or 0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
+    _one_of(cfg.wandb, WANDB_MODES, "wandb")
 
 
 def validate_bench(cfg: DictConfig) -> None:

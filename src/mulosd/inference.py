@@ -180,7 +180,25 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval}
         print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {ar_geneval:.3f}")
         print(f"speedup={ar_wall / wall:.2f} judge_{cfg.decoding}={geneval:.3f} judge_ar={ar_geneval:.3f}")
+        result["speedup"] = ar_wall / wall
+    if cfg.wandb != "disabled":
+        _log_wandb(cfg, result, traces, grid_path)
     return result
+
+
+def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path) -> None:
+    """One W&B run per infer.py call with its summary: what a sweep over tau / radius / pool_k optimises."""
+    import wandb
+    from omegaconf import OmegaConf
+
+    run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb, config=OmegaConf.to_container(cfg, resolve=True))
+    summary = {k: result[k] for k in ("geneval", "wall_s", "ar_geneval", "ar_wall_s", "speedup") if k in result}
+    summary["steps"] = sum(t.steps for t in traces) / len(traces)
+    for t in traces:
+        for k, v in t.counts.items():
+            summary[f"count/{k}"] = summary.get(f"count/{k}", 0) + v
+    run.log(summary | {"grid": wandb.Image(str(grid_path))})
+    run.finish()
 
 
 def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
