@@ -17,11 +17,13 @@ def _bench(zoo, out, *extra):
 
 
 def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
-    r = _bench(tiny_zoo, tmp_path)
+    r = _bench(tiny_zoo, tmp_path, "metrics=[fid,clip,hpsv2]")
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"bench: mulosd_r2 speedup=\d+\.\d\d geneval=\d\.\d{3} ar_geneval=\d\.\d{3} "
                         r"best_peer=\S+ best_peer_speedup=\d+\.\d\d", last), last
+    for name in ("fid", "clip", "hpsv2"):  # offline: each skipped with one line naming what is missing
+        assert len([line for line in r.stdout.splitlines() if line.startswith(f"metric {name} skipped: ")]) == 1
     table = (tmp_path / "results.md").read_text()
     for method in ("ar", "zipar", "sd", "lantern", "mulosd_r2_tau0_l1", "mulosd_r2_tau1_l1"):
         assert f"| {method} |" in table, method

@@ -102,8 +102,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point], done: dict) -> dict:
-    reference = _references(prompts, cfg.seed) if cfg.fd else None
-    rows = []
+    from .eval.real_metrics import real_metrics
+
+    reference = _references(prompts, cfg.seed) if cfg.fd or cfg.metrics else None
+    rows, reported = [], set()
     for p in points:
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
@@ -114,10 +116,16 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
                "geneval": score["geneval"]}
-        if reference is not None:
+        if cfg.fd:
             from .eval.fd import fd_vgg
 
             row["fd_vgg"] = fd_vgg(images, reference)
+        scores, skipped = real_metrics(cfg.metrics, images, prompts, reference, dict(cfg.metrics_weights))
+        row |= scores
+        for name, why in skipped.items():
+            if name not in reported:
+                print(f"metric {name} skipped: {why}")
+                reported.add(name)
         rows.append(row)
     ar = rows[0]
     for row in rows:

@@ -266,6 +266,8 @@ class BenchConfig:
     taus: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7])
     radii: list[int] = field(default_factory=lambda: [1])
     fd: bool = True  # FD-VGG against the world's renders of the same prompts
+    metrics: list[str] = field(default_factory=list)  # real metrics where their weights exist: fid, clip, hpsv2
+    metrics_weights: dict[str, str] = field(default_factory=dict)  # metric -> local weights file
     resume: bool = True  # continue RUN/cells.jsonl instead of starting over
     out_dir: str | None = "outputs/bench"
     infer: InferConfig = field(default_factory=InferConfig)  # models, sampling and strategy defaults
@@ -439,6 +441,8 @@ def validate_bench(cfg: DictConfig) -> None:
         _require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
     for rad in cfg.radii:
         _require(rad >= 0, "radii", f"every radius must be >= 0, got {rad}")
+    for m in cfg.metrics:
+        _one_of(m, ("fid", "clip", "hpsv2"), "metrics")
     try:
         validate_infer(cfg.infer)
     except ConfigError as e:
