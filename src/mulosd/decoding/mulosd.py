@@ -175,21 +175,24 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     for b in range(B):
         isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(rows, G).cpu().numpy())]
         queues.append([[p for island in isl for p in island]] if mode == "serial" and isl else isl)
-    first = [min((island[0] for island in q), default=None) for q in queues]
     done = [[0] * len(q) for q in queues]
     unwritten: list[set[int]] = [set() for _ in range(B)]
+    for b in range(B):  # t0 first, straight from the verification forward (islands are sorted by start)
+        if queues[b]:
+            t0 = queues[b][0][0]
+            high[b, t0] = sample(logp[b:b + 1, t0 - hi0:t0 - hi0 + 1], seed, ids[b:b + 1],
+                                 torch.tensor([[t0]], device=high.device))[0, 0]
+            unwritten[b].add(t0)
+            done[b][0] = 1
     steps = 0
     while True:
-        writes, targets = [], []  # per image: [(position, token)], [(u, index of u-1 in writes or -1)]
+        writes, targets = [], []  # per image: [(position, token)], [(u, index of u-1 in writes)]
         for b in range(B):
             w, t = {}, []
             for j, island in enumerate(queues[b]):
                 if done[b][j] == len(island):
                     continue
                 u = island[done[b][j]]
-                if u == first[b]:
-                    t.append((u, -1))
-                    continue
                 for p in sorted(unwritten[b].intersection(island)) + [u - 1]:
                     w.setdefault(p, int(high[b, p]))
                 t.append((u, list(w).index(u - 1)))
@@ -197,23 +200,22 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             targets.append(t)
         if not any(targets):
             return steps
-        out = None
-        if any(i >= 0 for t in targets for _, i in t):
-            width = max(len(w) for w in writes)
-            pos = torch.empty(B, width, dtype=torch.long, device=high.device)
-            tok = torch.empty_like(pos)
-            for b, w in enumerate(writes):
-                # pad by repeating the last write; an idle image rewrites a position with a final context
-                w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
-                w = w + [w[-1]] * (width - len(w))
-                pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
-            out = warp(verifier(pos, tok), warpers)
-            steps += 1
+        width = max(len(w) for w in writes)
+        pos = torch.empty(B, width, dtype=torch.long, device=high.device)
+        tok = torch.empty_like(pos)
+        for b, w in enumerate(writes):
+            # pad by repeating the last write; a finished image rewrites a position whose token and context
+            # are final (it makes no more queries this round, so nothing it does here can change its image)
+            w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
+            w = w + [w[-1]] * (width - len(w))
+            pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
+        out = warp(verifier(pos, tok), warpers)
+        steps += 1
         for b in range(B):
             unwritten[b].difference_update(p for p, _ in writes[b])
             for u, i in targets[b]:
-                dist = logp[b:b + 1, u - hi0:u - hi0 + 1] if i < 0 else out[b:b + 1, i:i + 1]
-                high[b, u] = sample(dist, seed, ids[b:b + 1], torch.tensor([[u]], device=high.device))[0, 0]
+                high[b, u] = sample(out[b:b + 1, i:i + 1], seed, ids[b:b + 1],
+                                    torch.tensor([[u]], device=high.device))[0, 0]
                 unwritten[b].add(u)
             for j, island in enumerate(queues[b]):
                 done[b][j] = min(done[b][j] + 1, len(island))
