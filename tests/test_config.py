@@ -114,9 +114,15 @@ def test_cli_typo_exits_nonzero_naming_the_key():
     ("infer.py", "prompt=a red dog", "dog"),
     ("infer.py", "decoding=magic", "decoding"),
     ("infer.py", "size=12", "size"),
+    ("train.py", "experiment=zoo_tokenizer model.optim.decay_batches=99999", "model.optim.decay_batches"),
+    ("train.py", "experiment=upsampler_gan r=3", "r"),
+    ("train.py", "experiment=downsampler loss=gan", "model.loss.stage"),
+    ("train.py", "experiment=zoo_ar_64 model.cond_dropout=1.5", "model.cond_dropout"),
+    ("infer.py", "tau=1.2", "tau"),
 ])
 def test_cli_bad_values_are_one_line_errors(script, override, key):
-    r = _run(script, override, "hydra.run.dir=/tmp/mulosd-test-run")
+    args = override.split() if override.startswith("experiment=") else [override]
+    r = _run(script, *args, "hydra.run.dir=/tmp/mulosd-test-run")
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0]

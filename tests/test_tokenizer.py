@@ -20,7 +20,8 @@ from .conftest import ROOT
 
 TINY = ["model.vq.ch=8", "model.vq.ch_mult=[1,1,1,2]", "model.vq.z_channels=16", "model.vq.codebook_size=64",
         "model.loss.disc_ndf=8", "model.train.crop=32", "data.image_size=64", "data.batch_size=4",
-        "logger=none", "trainer.enable_progress_bar=false"]
+        "logger=none", "trainer.enable_progress_bar=false",
+        "model.optim.decay_batches=5"]  # the recipe's lr decay, over the last 5 batches: resume goes through it
 
 
 @pytest.mark.parametrize("ch_mult, f", [([1, 2, 4, 4], 8), ([1, 1, 2, 2, 4], 16)])
