@@ -268,3 +268,19 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("ar: geneval32=") and 0 <= float(last.split("=")[1]) <= 1
     assert main(["--n", "6", "--models", str(ar), "--tokenizer", str(tmp_path / "other")]) == 2
+
+
+def test_token_batches_resume_where_they_stopped():
+    from mulosd.data.tokens import TokenBatches
+
+    tokens = torch.arange(40).view(10, 2, 2)
+    captions = [f"c{i}" for i in range(10)]
+    full = [b["caption"] for b, _ in zip(TokenBatches(tokens, captions, 3, seed=7), range(8), strict=False)]
+    resumed = [b["caption"] for b, _ in zip(TokenBatches(tokens, captions, 3, seed=7, start=5), range(3),
+                                            strict=False)]
+    assert resumed == full[5:8]
+    epoch0 = sum(full[:3], [])
+    assert len(set(epoch0)) == 9, "an epoch draws without replacement"
+    assert full[3:6] != full[:3], "each epoch has its own permutation"
+    with pytest.raises(ValueError):
+        TokenBatches(tokens, captions, 11, seed=0)
