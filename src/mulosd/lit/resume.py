@@ -63,3 +63,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def set_stable_then_decay_lr(optimizers, optim: dict, batches: int, batches_seen: int) -> float:
+    """Constant lr, then linear decay to 0 over the last `optim['decay_batches']` of `batches`: a pure function
+    of the batch counter, so a resumed run needs no scheduler state. Sets G's `lr` and D's `d_lr`."""
+    decay = int(optim.get("decay_batches", 0))
+    factor = min(1.0, max(0.0, (batches - batches_seen) / decay)) if decay > 0 else 1.0
+    for opt, key in zip(optimizers, ("lr", "d_lr"), strict=True):
+        for group in opt.param_groups:
+            group["lr"] = optim[key] * factor
+    return factor

@@ -27,7 +27,7 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..samplers import LatentDownsampler, LatentUpsampler
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
-from .resume import assert_finite, rng_state, set_rng_state
+from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
 from .tokenizer import psnr
 
 log = logging.getLogger(__name__)
@@ -97,10 +97,6 @@ class SamplerModule(L.LightningModule):
                              f"data.ratios to include it")
         return self.tokenizer.encode(batch["low"][self.r]), self.tokenizer.encode(batch["image"])
 
-    def lr_factor(self) -> float:
-        total, decay = int(self.train_cfg["batches"]), int(self.optim.get("decay_batches", 0))
-        return min(1.0, max(0.0, (total - self.batches_seen) / decay)) if decay > 0 else 1.0
-
     def generator_loss(self, batch: dict, low: torch.Tensor, high: torch.Tensor):
         if self.kind == "down":
             logits = self.sampler(high)
@@ -123,10 +119,8 @@ class SamplerModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         opt_g, opt_d = self.optimizers()
-        factor = self.lr_factor()
-        for opt, key in ((opt_g, "lr"), (opt_d, "d_lr")):
-            for group in opt.param_groups:
-                group["lr"] = self.optim[key] * factor
+        set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
+                                 self.batches_seen)
         low, high = self.tokens(batch)
         loss, logs, fake = self.generator_loss(batch, low, high)
         if not torch.isfinite(loss):

@@ -20,7 +20,7 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..losses.image_loss import LPIPS_MIN_SIZE
 from ..tokenizer import VQConfig, VQModel
 from ..viz import captioned_grid
-from .resume import assert_finite, rng_state, set_rng_state
+from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +63,10 @@ class TokenizerModule(L.LightningModule):
             image = image[..., top:top + crop, left:left + crop]
         return [image] + [batch["low"][r] for r in sorted(batch["low"])]
 
-    def lr_factor(self) -> float:
-        """Stable-then-decay, a pure function of batches_seen (no scheduler state to resume)."""
-        total, decay = int(self.train_cfg["batches"]), int(self.optim.get("decay_batches", 0))
-        return min(1.0, max(0.0, (total - self.batches_seen) / decay)) if decay > 0 else 1.0
-
     def training_step(self, batch, batch_idx):
         opt_g, opt_d = self.optimizers()
-        factor = self.lr_factor()
-        for opt, key in ((opt_g, "lr"), (opt_d, "d_lr")):
-            for group in opt.param_groups:
-                group["lr"] = self.optim[key] * factor
+        factor = set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
+                                          self.batches_seen)
         reals = self.views(batch)
         outs = [self.model(x) for x in reals]
         fakes = [o[0] for o in outs]
