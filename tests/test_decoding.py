@@ -67,6 +67,12 @@ def test_tau_zero_returns_the_upsampled_draft():
     assert len(calls) == 4 and torch.equal(got, draft)
     assert trace.counts["resampled"] == 0 and trace.forwards["verifier"] == 1 + 4  # the prefix, then 4 verifications
     assert all(r.accepted.sum() == r.drafted.sum() for r in trace.rounds)
+    # each round records what it drafted: the up-sampled block in place over the committed rows before it,
+    # and the low-res grid whose prefix U_r read
+    for k, (r, c) in enumerate(zip(trace.rounds, calls, strict=True)):
+        high = r.high_draft.view(3, 8, 8)
+        assert torch.equal(high[:, :2 * k + 2], got[:, :2 * k + 2]) and not high[:, 2 * k + 2:].any()
+        assert torch.equal(u.up(r.low_draft.view(3, 4, 4)[:, :k + 1]), c)
 
 
 @pytest.mark.parametrize("tau", [0.02, 0.1])

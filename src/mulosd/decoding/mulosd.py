@@ -130,6 +130,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         rows = r * d
         redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
         high[:, hi0:hi1] = draft
+        drafted_low, drafted_high = low.cpu().clone(), high.cpu().clone()
         verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
         t0 = torch.where(redo.any(1), redo.float().argmax(1), torch.full((B,), rows * G, device=device))
         stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
@@ -141,7 +142,8 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         trace.counts["accepted"] += int((~redo).sum())
         trace.counts["resampled"] += int(redo.sum())
         trace.rounds.append(Round(*(_on_grid(m, hi0, G * G).cpu() for m in
-                                    (torch.ones_like(redo), accepted & ~redo, rejected, redo))))
+                                    (torch.ones_like(redo), accepted & ~redo, rejected, redo)),
+                                  low_draft=drafted_low, high_draft=drafted_high))
         # 7. down-sample the committed rows for the drafter's next round
         if k + 1 < g // d:
             low[:, lo0:lo1] = down(high[:, :hi1].view(B, hi1 // G, G)).reshape(B, -1)[:, lo0:lo1]

@@ -15,6 +15,11 @@ class Round:
     accepted: torch.Tensor
     rejected: torch.Tensor
     resampled: torch.Tensor
+    # MuLo-SD's intermediate tokens, for pictures of a round: the low-res grid right after drafting the
+    # block [B, g*g] (committed rows down-sampled, this block drafted, later rows 0), and the high-res grid
+    # with the block's up-sampled draft in place [B, G*G] (earlier rows committed, later rows 0)
+    low_draft: torch.Tensor | None = None
+    high_draft: torch.Tensor | None = None
 
 
 @dataclass
