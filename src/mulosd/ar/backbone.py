@@ -62,14 +62,16 @@ class ARBackbone:
     def start(self, captions: list[str]) -> torch.Tensor:
         """Reset the cache for these captions and fill the prefix; returns logits [B, 1, V] for position 0."""
         B, P = len(captions), self.model.cfg.prefix
-        feats = self.encoder(captions).to(self.device)
-        prefix = self.model.condition(feats, B)
-        if self.guided:
+        feats, visible = _features(self.encoder(captions))
+        prefix = self.model.condition(feats.to(self.device), B)
+        if self.guided:  # the null rows share the caption's padding mask, as LlamaGen's sampler does
             prefix = torch.cat([prefix, self.model.condition(None, B)])
+            visible = None if visible is None else visible.repeat(2, 1)
         dtype = next(self.model.parameters()).dtype
         self.cache = KVCache(self.model.cfg, prefix.shape[0], device=self.device, dtype=dtype)
         slots = torch.arange(P, device=self.device).expand(prefix.shape[0], P)
-        logits = self.model.step(slots, prefix, self.cache)[:, -1:]
+        fill = None if visible is None else visible.to(self.device)
+        logits = self.model.step(slots, prefix, self.cache, fill=fill)[:, -1:]
         self.calls += 1
         self.tokens_in += B * P
         return self._combine(logits)
@@ -109,3 +111,12 @@ class ARBackbone:
         if self.guided:
             rows, slots = torch.cat([rows, rows + self.batch]), slots.repeat(2, 1)
         self.cache.filled[rows[:, None], slots] = False
+
+
+def _features(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An encoder returns features [B, P, D], or (features, visible [B, P] bool) when some prefix slots are
+    padding (a T5 caption shorter than its 120 slots): padding is written but never attended to."""
+    if isinstance(encoded, tuple):
+        feats, visible = encoded
+        return feats, visible.bool()
+    return encoded, None

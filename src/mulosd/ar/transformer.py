@@ -31,7 +31,15 @@ class TransformerConfig:
     prefix: int = 4  # condition slots
     cond_dim: int = 256  # width of the condition encoder's output
     mlp_ratio: float = 8 / 3  # SwiGLU hidden = ratio * dim, rounded up to a multiple of 32
+    mlp_hidden: int = 0  # an explicit SwiGLU width instead (LlamaGen rounds to multiples of 256)
     rope_base: float = 10000.0
+    # what RoPE does to the condition prefix: "identity" (no rotation), or "zero": LlamaGen's cos = sin = 0,
+    # which zeroes the prefix's queries and keys (so prefix slots attend uniformly); needed for its weights
+    prefix_rope: str = "identity"
+
+    def __post_init__(self):
+        if self.prefix_rope not in ("identity", "zero"):
+            raise ValueError(f"prefix_rope must be identity or zero, got {self.prefix_rope!r}")
 
     @property
     def slots(self) -> int:
@@ -50,15 +58,18 @@ class RMSNorm(nn.Module):
 
 def rope_2d(cfg: TransformerConfig) -> torch.Tensor:
     """cos/sin [slots, head_dim/2, 2]: half of each head rotates with the row, half with the column.
-    Prefix slots get no rotation (LlamaGen does the same for its condition tokens)."""
+    Prefix slots get no rotation, or (prefix_rope="zero") LlamaGen's all-zero cos/sin."""
     head_dim = cfg.dim // cfg.heads
     quarter = head_dim // 4
     freqs = 1.0 / cfg.rope_base ** (torch.arange(quarter).float() / quarter)
     g = torch.arange(cfg.grid).float()
     rows, cols = g.repeat_interleave(cfg.grid), g.repeat(cfg.grid)
     angles = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=1)  # [N, head_dim/2]
-    angles = torch.cat([torch.zeros(cfg.prefix, angles.shape[1]), angles])
-    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+    grid_rope = torch.stack([angles.cos(), angles.sin()], dim=-1)
+    prefix = torch.zeros(cfg.prefix, angles.shape[1], 2)
+    if cfg.prefix_rope == "identity":
+        prefix[..., 0] = 1.0
+    return torch.cat([prefix, grid_rope])
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -107,7 +118,7 @@ class Attention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        hidden = 32 * math.ceil(cfg.mlp_ratio * cfg.dim / 32)
+        hidden = cfg.mlp_hidden or 32 * math.ceil(cfg.mlp_ratio * cfg.dim / 32)
         self.gate_up = nn.Linear(cfg.dim, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, cfg.dim, bias=False)
 
@@ -168,12 +179,15 @@ class Transformer(nn.Module):
             x = block(x, rope)
         return self.head(self.norm(x[:, self.cfg.prefix - 1:]))
 
-    def step(self, slots: torch.Tensor, x: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def step(self, slots: torch.Tensor, x: torch.Tensor, cache: KVCache, fill: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """Write inputs x [B, n, dim] at absolute slots [B, n] into the cache and return the logits
-        [B, n, V] at those slots. A slot attends to the filled slots at or before it."""
-        cache.filled.scatter_(1, slots, True)
-        key = torch.arange(self.cfg.slots, device=slots.device)
-        mask = (key[None, None, :] <= slots[:, :, None]) & cache.filled[:, None, :]  # [B, n, S]
+        [B, n, V] at those slots. A slot attends to itself and to the filled slots before it. `fill` [B, n]
+        bool says which written slots become context (default all; padding of a T5 prefix does not)."""
+        cache.filled.scatter_(1, slots, True if fill is None else fill)
+        key = torch.arange(self.cfg.slots, device=slots.device)[None, None, :]
+        # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
+        mask = (key <= slots[:, :, None]) & cache.filled[:, None, :] | (key == slots[:, :, None])  # [B, n, S]
         mask = mask[:, None]
         rope = self.rope[slots][:, None]
         for i, block in enumerate(self.blocks):

@@ -1,0 +1,248 @@
+"""LlamaGen compatibility on small random models in the upstream layout: the converted GPT reproduces an
+independent re-implementation of upstream's forward (zeroed caption RoPE, SwiGLU width, left-padded T5 mask),
+misshapen or foreign checkpoints are refused by key name, and the converted model decodes through the
+project's backbone."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mulosd.ar import ARBackbone, Transformer
+from mulosd.decoding import decode_ar
+from mulosd.llamagen.gpt import from_upstream, gpt_config, to_upstream
+
+SIZE, GRID, VOCAB, SLOTS, CAP = (2, 2, 64), 4, 96, 6, 24
+
+
+def _upstream_state(seed=0):
+    """A random GPT state dict with upstream's key names and shapes, made without this project's modules."""
+    g = torch.Generator().manual_seed(seed)
+    layers, heads, dim = SIZE
+    hidden = 256 * math.ceil(int(8 * dim / 3) / 256)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) * 0.2  # noqa: E731
+    sd = {"tok_embeddings.weight": r(VOCAB, dim), "norm.weight": 1 + r(dim), "output.weight": r(VOCAB, dim),
+          "cls_embedding.cap_proj.fc1.weight": r(dim, CAP), "cls_embedding.cap_proj.fc2.weight": r(dim, dim),
+          "cls_embedding.uncond_embedding": r(SLOTS, CAP), "freqs_cis": r(SLOTS + GRID * GRID, dim // heads // 2, 2)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        sd |= {p + "attention.wqkv.weight": r(3 * dim, dim), p + "attention.wo.weight": r(dim, dim),
+               p + "attention_norm.weight": 1 + r(dim), p + "ffn_norm.weight": 1 + r(dim),
+               p + "feed_forward.w1.weight": r(hidden, dim), p + "feed_forward.w3.weight": r(hidden, dim),
+               p + "feed_forward.w2.weight": r(dim, hidden)}
+    return sd
+
+
+def _reference(sd, cond, tokens, visible):
+    """Upstream's math, written from its source: logits [B, 1 + n, V] at the last caption slot and at tokens."""
+    layers, heads, dim = SIZE
+    hd = dim // heads
+    rms = lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w  # noqa: E731
+    caption = F.gelu(F.linear(cond, sd["cls_embedding.cap_proj.fc1.weight"]), approximate="tanh")
+    x = torch.cat([F.linear(caption, sd["cls_embedding.cap_proj.fc2.weight"]),
+                   F.embedding(tokens, sd["tok_embeddings.weight"])], 1)
+    half = hd // 2
+    freqs = 1.0 / (10000 ** (torch.arange(0, half, 2)[: half // 2].double() / half))
+    f = torch.outer(torch.arange(GRID).double(), freqs)
+    grid = torch.cat([f[:, None].expand(-1, GRID, -1), f[None].expand(GRID, -1, -1)], -1).flatten(0, 1)
+    cache = torch.cat([torch.zeros(SLOTS, hd // 2, 2, dtype=torch.float64),
+                       torch.stack([grid.cos(), grid.sin()], -1)])[: x.shape[1]]
+
+    def rope(t):  # [B, S, H, hd]
+        ts = t.reshape(*t.shape[:-1], -1, 2)
+        c = cache.view(1, t.shape[1], 1, -1, 2)
+        return torch.stack([ts[..., 0] * c[..., 0] - ts[..., 1] * c[..., 1],
+                            ts[..., 1] * c[..., 0] + ts[..., 0] * c[..., 1]], -1).flatten(3)
+
+    S = x.shape[1]
+    mask = torch.tril(torch.ones(S, S, dtype=torch.bool))[None].repeat(x.shape[0], 1, 1)
+    mask[:, :, :SLOTS] &= visible[:, None, :]  # generate(): causal_mask * emb_masks, then the diagonal back
+    mask |= torch.eye(S, dtype=torch.bool)
+    for i in range(layers):
+        p = f"layers.{i}."
+        h = rms(x, sd[p + "attention_norm.weight"])
+        q, k, v = F.linear(h, sd[p + "attention.wqkv.weight"]).split(dim, -1)
+        q, k, v = (t.view(x.shape[0], S, heads, hd) for t in (q, k, v))
+        q, k = rope(q), rope(k)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=mask[:, None])
+        x = x + F.linear(y.transpose(1, 2).reshape(x.shape[0], S, dim), sd[p + "attention.wo.weight"])
+        h = rms(x, sd[p + "ffn_norm.weight"])
+        gate, up = F.linear(h, sd[p + "feed_forward.w1.weight"]), F.linear(h, sd[p + "feed_forward.w3.weight"])
+        x = x + F.linear(F.silu(gate) * up, sd[p + "feed_forward.w2.weight"])
+    return F.linear(rms(x, sd["norm.weight"]), sd["output.weight"])[:, SLOTS - 1:]
+
+
+def _converted(sd):
+    cfg = gpt_config(SIZE, GRID, vocab_size=VOCAB, prefix=SLOTS, caption_dim=CAP)
+    model = Transformer(cfg).double().eval()
+    model.load_state_dict(from_upstream(sd, cfg))
+    return model, cfg
+
+
+class _FixedEncoder:
+    """Stands in for T5: fixed features and a left-padding mask per caption."""
+
+    def __init__(self, feats, visible):
+        self.feats, self.visible, self.dim, self.prefix = feats, visible, CAP, SLOTS
+
+    def __call__(self, captions):
+        return self.feats[: len(captions)], self.visible[: len(captions)]
+
+
+def test_converted_gpt_matches_upstream_math_with_padded_captions_through_the_kv_cache():
+    sd = _upstream_state()
+    model, _ = _converted(sd)
+    g = torch.Generator().manual_seed(1)
+    cond = torch.randn(2, SLOTS, CAP, generator=g, dtype=torch.float64)
+    visible = torch.tensor([[False, False, True, True, True, True], [True] * SLOTS])  # left padding, as upstream
+    tokens = torch.randint(0, VOCAB, (2, 7), generator=g)
+    want = _reference(sd, cond, tokens, visible)
+    bb = ARBackbone(model, _FixedEncoder(cond, visible), cfg_scale=1.0)
+    got = torch.cat([bb.start(["a", "b"]), bb(torch.arange(7).expand(2, -1), tokens)], dim=1)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    # the padding matters: ignoring it changes the logits
+    assert not torch.allclose(_reference(sd, cond, tokens, torch.ones_like(visible)), want, atol=1e-3)
+
+
+def test_converted_gpt_decodes_and_round_trips_to_the_upstream_layout():
+    sd = _upstream_state()
+    model, cfg = _converted(sd)
+    back = to_upstream(model.state_dict(), cfg)
+    assert set(back) == set(sd) - {"freqs_cis"} and all(torch.equal(back[k], sd[k]) for k in back)
+    cond = torch.randn(2, SLOTS, CAP, dtype=torch.float64)
+    bb = ARBackbone(model, _FixedEncoder(cond, torch.ones(2, SLOTS, dtype=torch.bool)), cfg_scale=4.0)
+    tokens, trace = decode_ar(bb, ["a", "b"], seed=0)
+    assert tokens.shape == (2, GRID, GRID) and trace.steps == GRID * GRID
+
+
+@pytest.mark.parametrize("edit,named", [
+    (lambda sd: sd.pop("layers.1.ffn_norm.weight"), "layers.1.ffn_norm.weight"),
+    (lambda sd: sd.__setitem__("layers.0.attention.wo.weight", torch.zeros(64, 32)), "layers.0.attention.wo.weight"),
+    (lambda sd: sd.__setitem__("tok_embeddings.weight", torch.zeros(50, 64)), "tok_embeddings.weight"),
+    (lambda sd: sd.__setitem__("layers.2.attention.wo.weight", torch.zeros(64, 64)), "layers.2.attention.wo.weight"),
+])
+def test_a_checkpoint_that_disagrees_is_refused_naming_the_key(edit, named):
+    sd = _upstream_state()
+    edit(sd)
+    cfg = gpt_config(SIZE, GRID, vocab_size=VOCAB, prefix=SLOTS, caption_dim=CAP)
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        from_upstream(sd, cfg)
+
+
+# --- upstream-style checkpoint files through the real loader -------------------------------------------------
+
+TINY_VQ = dict(ch=32, ch_mult=[1, 1, 1, 1, 1], num_res_blocks=1, z_channels=32, codebook_size=VOCAB)
+
+
+def _gpt_file(path, grid, seed):
+    """An upstream-style training checkpoint: {"model": state, "args": Namespace} with a GPT for `grid`."""
+    import argparse
+
+    global GRID
+    saved, GRID = GRID, grid
+    try:
+        state = {k: v.float() for k, v in _upstream_state(seed).items()}
+    finally:
+        GRID = saved
+    torch.save({"model": state, "args": argparse.Namespace(gpt_model="GPT-tiny", image_size=grid * 16)}, path)
+
+
+def _vq_file(path, seed=0, **override):
+    from mulosd.llamagen.vq16 import LlamaGenVQ, VQ16Config
+
+    torch.manual_seed(seed)
+    state = LlamaGenVQ(VQ16Config(**(TINY_VQ | override))).state_dict()
+    state["quantize.codebook_used"] = torch.zeros(65536)  # upstream's usage buffer, ignored on load
+    torch.save({"model": state}, path)
+
+
+@pytest.fixture(scope="module")
+def llamagen_dir(tmp_path_factory):
+    from mulosd.llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE
+
+    d = tmp_path_factory.mktemp("llamagen")
+    _vq_file(d / VQ_FILE)
+    _gpt_file(d / STAGE1_FILE, 16, seed=1)
+    _gpt_file(d / STAGE2_FILE, 32, seed=2)
+    return d
+
+
+def _load(d, **kw):
+    from mulosd.llamagen import load_llamagen
+    from mulosd.llamagen.vq16 import VQ16Config
+
+    enc = _FixedEncoder(torch.randn(2, SLOTS, CAP), torch.ones(2, SLOTS, dtype=torch.bool))
+    return load_llamagen(d, encoder=enc, download=False, gpt=SIZE,
+                         gpt_config=dict(vocab_size=VOCAB, prefix=SLOTS, caption_dim=CAP), vq=VQ16Config(**TINY_VQ),
+                         **kw)
+
+
+def test_upstream_files_load_cache_as_safetensors_and_decode_with_every_strategy(llamagen_dir):
+    from mulosd.decoding import MuLoSDConfig, SDConfig, decode_mulosd, decode_sd, decode_zipar
+    from mulosd.llamagen.checkpoints import STAGE2_FILE
+    from mulosd.llamagen.models import load_gpt
+    from mulosd.samplers import LatentDownsampler, LatentUpsampler
+    from mulosd.tokenizer.neighbours import neighbour_table
+
+    t2i = _load(llamagen_dir)
+    assert len(list(llamagen_dir.glob(".*.safetensors"))) == 3  # converted once, next to the files
+    again = _load(llamagen_dir)  # from the cache
+    assert all(torch.equal(a, b) for a, b in zip(t2i.verifier.state_dict().values(),
+                                                  again.verifier.state_dict().values(), strict=True))
+    assert (t2i.verifier.cfg.grid, t2i.drafter.cfg.grid, t2i.tokenizer.downsample) == (32, 16, 16)
+    caps = ["a cat", "a dog"]
+    bb = lambda m: ARBackbone(m, t2i.encoder, cfg_scale=t2i.sample["cfg_scale"])  # noqa: E731
+    codebook = t2i.tokenizer.codebook()
+    nb = neighbour_table(codebook, 4)
+    up, down = LatentUpsampler(codebook, 2, 16, 1).eval(), LatentDownsampler(codebook, 2, 16, 1).eval()
+    # no small LlamaGen drafter is released: sd runs with a copy of the verifier read through the same loader
+    small = load_gpt(llamagen_dir / STAGE2_FILE, 512, SIZE, vocab_size=VOCAB, prefix=SLOTS, caption_dim=CAP)
+    runs = {"ar": decode_ar(bb(t2i.verifier), caps, seed=0),
+            "zipar": decode_zipar(bb(t2i.verifier), caps, window=8, seed=0),
+            "sd": decode_sd(bb(t2i.verifier), bb(small), caps, SDConfig(gamma=3), neighbours=nb, seed=0),
+            "mulosd": decode_mulosd(bb(t2i.verifier), bb(t2i.drafter), up.up, down.down, caps, nb,
+                                    MuLoSDConfig(tau=0.01, pool_k=4), seed=0)}
+    for name, (tokens, trace) in runs.items():
+        assert tokens.shape == (2, 32, 32), name
+        # drafts that the verifier accepts save verifier forwards (sd still drafts serially)
+        assert (trace.forwards["verifier"] < 32 * 32) == (name != "ar"), name
+    images = t2i.tokenizer.decode(runs["mulosd"][0])
+    assert images.shape == (2, 3, 512, 512) and torch.isfinite(images).all()
+
+
+def test_a_vq_checkpoint_that_disagrees_is_refused_naming_the_key(tmp_path, llamagen_dir):
+    import shutil
+
+    from mulosd.llamagen.checkpoints import STAGE2_FILE, VQ_FILE
+
+    shutil.copy(llamagen_dir / STAGE2_FILE, tmp_path / STAGE2_FILE)
+    _vq_file(tmp_path / VQ_FILE, codebook_size=VOCAB * 2)
+    with pytest.raises(ValueError, match=r"quantize\.embedding\.weight"):
+        _load(tmp_path, drafter=False)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))  # would create the marker file if ever unpickled
+
+
+def test_a_pickled_payload_in_a_pt_file_is_never_executed(tmp_path):
+    from mulosd.llamagen.checkpoints import read_pt
+
+    marker = tmp_path / "pwned"
+    torch.save({"model": {"w": torch.zeros(1)}, "extra": _Payload(marker)}, tmp_path / "evil.pt")
+    with pytest.raises(ValueError, match="not a weights-only checkpoint"):
+        read_pt(tmp_path / "evil.pt")
+    assert not marker.exists()
+
+
+def test_missing_files_are_named_in_one_line(tmp_path):
+    from mulosd.llamagen.checkpoints import MissingCheckpoints, locate
+
+    with pytest.raises(MissingCheckpoints, match=r"vq_ds16_t2i\.pt, t2i_XL_stage2_512\.pt.*huggingface\.co"):
+        locate(["vq_ds16_t2i.pt", "t2i_XL_stage2_512.pt"], tmp_path, download=False)
