@@ -1,6 +1,7 @@
 """python infer.py end to end on a tiny zoo made here (random weights: the plumbing, not the quality):
 every strategy, compare=true with its last line, acceptance maps, and refusals before any decoding."""
 
+import os
 import re
 import subprocess
 import sys
@@ -46,3 +47,14 @@ def test_bad_requests_fail_before_decoding_with_one_line(tiny_zoo, tmp_path, ove
     assert f"error: {key}" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) <= 10
     assert not (tmp_path / "000.png").exists()
+
+
+def test_llamagen_without_its_checkpoints_names_the_missing_files(tmp_path):
+    args = ["backbone=llamagen_t2i", "prompt=a cat", f"llamagen.ckpt_dir={tmp_path / 'none'}",
+            f"hydra.run.dir={tmp_path / 'h'}"]
+    r = subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    for name in ("vq_ds16_t2i.pt", "t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt", "huggingface.co/peizesun"):
+        assert name in line

@@ -246,3 +246,24 @@ def test_missing_files_are_named_in_one_line(tmp_path):
 
     with pytest.raises(MissingCheckpoints, match=r"vq_ds16_t2i\.pt, t2i_XL_stage2_512\.pt.*huggingface\.co"):
         locate(["vq_ds16_t2i.pt", "t2i_XL_stage2_512.pt"], tmp_path, download=False)
+
+
+def test_the_real_sampler_recipe_trains_on_a_llamagen_vq16_file(llamagen_dir, tmp_path, tmp_path_factory):
+    """`python train.py experiment=upsampler_gan tokenizer=llamagen_vq16 r=2` (two batches, tiny VQ-16, SynthScenes
+    shards standing in for LAION-COCO-Aesthetic)."""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    shards = tmp_path_factory.getbasetemp() / "llamagen_shards"
+    args = ["experiment=upsampler_gan", "tokenizer=llamagen_vq16", "r=2", "model.init_from=null",
+            f"data.synth.dir={shards}", "data.synth.train_shards=1", "data.synth.val_shards=1",
+            "data.synth.per_shard=8", "data.synth.size=64", "data.image_size=64", "data.batch_size=4",
+            "model.width=16", "model.depth=1", "model.loss.image.disc_start=1", "logger=none",
+            "trainer.fast_dev_run=2", f"hydra.run.dir={tmp_path}"]
+    r = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "MULOSD_LLAMAGEN_DIR": str(llamagen_dir), "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "trained 2 batches (8 samples" in r.stdout

@@ -197,6 +197,8 @@ class TrainConfig:
     run_name: str | None = None
     ckpt_path: str | None = None  # resume from this checkpoint (e.g. RUN/checkpoints/last.ckpt)
     r: int = 2  # the resolution ratio of the samplers (a top-level knob: `experiment=upsampler_gan r=4`)
+    # the frozen tokenizer of AR and sampler models: a zoo name, an exported directory, or llamagen_vq16
+    tokenizer: str = "synthscenes_vq_f8"
     model: Any = None  # one of MODEL_SCHEMAS, chosen by the `model` config group
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -83,12 +83,12 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         return ARModule(**{k: v for k, v in m.items() if k != "name"})
     if m["name"] == "sampler":
         from .lit.sampler import SamplerModule
-        from .zoo import resolve
+        from .zoo import resolve, tokenizer_identity
 
-        for key in ("tokenizer", "init_from"):
+        for key, find in (("tokenizer", tokenizer_identity), ("init_from", resolve)):
             try:
                 if m[key]:
-                    resolve(m[key])
+                    find(m[key])
             except FileNotFoundError as e:
                 raise ConfigError(f"model.{key}", str(e)) from None
         try:

@@ -56,7 +56,23 @@ def read_config(name_or_path) -> dict:
     return json.loads((resolve(name_or_path) / "config.json").read_text())
 
 
+LLAMAGEN_VQ = "llamagen_vq16"  # LlamaGen's VQ-16 (vq_ds16_t2i.pt, see mulosd.llamagen.checkpoints)
+
+
+def tokenizer_identity(name_or_path: str | Path) -> Path:
+    """The file or directory whose bytes identify a tokenizer (what digests compare)."""
+    if str(name_or_path) == LLAMAGEN_VQ:
+        from .llamagen.checkpoints import VQ_FILE, locate
+
+        return locate([VQ_FILE])[VQ_FILE]
+    return resolve(name_or_path)
+
+
 def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQModel:
+    if str(name_or_path) == LLAMAGEN_VQ:
+        from .llamagen.models import load_vq
+
+        return load_vq(tokenizer_identity(LLAMAGEN_VQ)).requires_grad_(False).to(device)
     path = resolve(name_or_path)
     meta = read_config(path)
     if meta["kind"] != "vq_tokenizer":
@@ -91,7 +107,7 @@ def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
     """Refuse a model trained on another tokenizer's codes (DESIGN §9), comparing weight digests."""
     from .data.tokens import tokenizer_digest
 
-    want, have = meta.get("tokenizer_sha256"), tokenizer_digest(resolve(tokenizer))
+    want, have = meta.get("tokenizer_sha256"), tokenizer_digest(tokenizer_identity(tokenizer))
     if want != have:
         raise ValueError(f"{what} was trained on tokenizer {meta.get('tokenizer')!r} (weights {want}), "
                          f"not on {str(tokenizer)!r} (weights {have}): its token ids mean other codes")

@@ -30,8 +30,9 @@ def _digest(*parts: str) -> str:
 
 
 def tokenizer_digest(path: Path) -> str:
+    """The weights' identity: a tokenizer directory (its model.safetensors) or a weights file."""
     h = hashlib.sha256()
-    with open(path / "model.safetensors", "rb") as f:
+    with open(path / "model.safetensors" if path.is_dir() else path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()[:16]
@@ -95,9 +96,9 @@ class TokenDataModule(L.LightningDataModule):
         self.data: dict[str, tuple[torch.Tensor, list[str]]] = {}
 
     def _path(self, split: str, urls: str) -> Path:
-        from ..zoo import resolve
+        from ..zoo import tokenizer_identity
 
-        tok = tokenizer_digest(resolve(self.tokenizer_name))
+        tok = tokenizer_digest(tokenizer_identity(self.tokenizer_name))
         ratios = ",".join(map(str, self.shards.ratios))
         return self.cache_dir / tok / f"{split}-{_digest(urls, str(self.shards.image_size), ratios)}"
 

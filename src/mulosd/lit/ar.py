@@ -125,11 +125,11 @@ class ARModule(L.LightningModule):
 
     def export(self, out_dir, recipe: str):
         from ..data.tokens import tokenizer_digest
-        from ..zoo import resolve, save
+        from ..zoo import save, tokenizer_identity
 
         h = self.hparams
         return save(torch.nn.ModuleDict({"model": self.model, "encoder": self.encoder}), "ar",
                     {"transformer": dict(h["transformer"]), "encoder": "synthscenes_slots"}, out_dir, recipe,
-                    tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(resolve(h["tokenizer"])),
+                    tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                     resolution=h["resolution"], batches=self.batches_seen,
                     sample=dict(h["sample"]))

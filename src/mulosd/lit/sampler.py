@@ -195,11 +195,11 @@ class SamplerModule(L.LightningModule):
 
     def export(self, out_dir, recipe: str):
         from ..data.tokens import tokenizer_digest
-        from ..zoo import resolve, save
+        from ..zoo import save, tokenizer_identity
 
         h = self.hparams
         config = {"kind": h["kind"], "r": h["r"], "width": h["width"], "depth": h["depth"], "stage": self.stage,
                   "codebook_size": int(self.sampler.codebook.shape[0]), "code_dim": int(self.sampler.codebook.shape[1])}
         return save(self.sampler, "sampler", config, out_dir, recipe, tokenizer=h["tokenizer"],
-                    tokenizer_sha256=tokenizer_digest(resolve(h["tokenizer"])), batches=self.batches_seen,
+                    tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])), batches=self.batches_seen,
                     loss=dict(h["loss"]))

@@ -39,7 +39,8 @@ def locate(files: list[str], directory: str | Path | None = None, download: bool
                 missing.remove(f)
     if missing:
         raise MissingCheckpoints(f"missing LlamaGen checkpoint file(s) {', '.join(missing)}: download them from "
-                                 f"https://huggingface.co/{HF_REPO} into {directory} (or set llamagen.ckpt_dir)")
+                                 f"https://huggingface.co/{HF_REPO} into {directory} "
+                                 f"(or set llamagen.ckpt_dir or $MULOSD_LLAMAGEN_DIR)")
     return found
 
 

@@ -11,7 +11,7 @@ import torch
 from ..ar import Transformer
 from .checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, cached_state, locate
 from .gpt import from_upstream, gpt_config
-from .vq16 import LlamaGenVQ, VQ16Config, load_vq_state
+from .vq16 import LlamaGenVQ, VQ16Config, config_from_state, load_vq_state
 
 # upstream's T2I sampling defaults (autoregressive/sample/sample_t2i.py)
 SAMPLE = {"cfg_scale": 7.5, "temperature": 1.0, "top_k": 1000, "top_p": 1.0}
@@ -28,8 +28,10 @@ class LlamaGenT2I:
 
 
 def load_vq(path: Path, config: VQ16Config | None = None) -> LlamaGenVQ:
-    model = LlamaGenVQ(config or VQ16Config())
-    load_vq_state(model, cached_state(path))
+    """The VQ in `path`; with a config, one that disagrees with it is refused (default: read off the file)."""
+    state = cached_state(path)
+    model = LlamaGenVQ(config or config_from_state(state))
+    load_vq_state(model, state)
     return model.eval()
 
 
@@ -54,7 +56,11 @@ def load_llamagen(ckpt_dir: str | Path | None = None, drafter: bool = True, t5: 
         encoder = FlanT5Encoder(t5 or T5_NAME, device=device)
     move = lambda m: m.to(device=device, dtype=dtype)  # noqa: E731
     gpt_config = gpt_config or {}
-    return LlamaGenT2I(tokenizer=load_vq(files[VQ_FILE], vq).to(device),
-                       verifier=move(load_gpt(files[STAGE2_FILE], 512, gpt, **gpt_config)),
-                       drafter=move(load_gpt(files[STAGE1_FILE], 256, gpt, **gpt_config)) if drafter else None,
-                       encoder=encoder, sample=dict(SAMPLE))
+    t2i = LlamaGenT2I(tokenizer=load_vq(files[VQ_FILE], vq).to(device),
+                      verifier=move(load_gpt(files[STAGE2_FILE], 512, gpt, **gpt_config)),
+                      drafter=move(load_gpt(files[STAGE1_FILE], 256, gpt, **gpt_config)) if drafter else None,
+                      encoder=encoder, sample=dict(SAMPLE))
+    if t2i.tokenizer.codebook_size != t2i.verifier.cfg.vocab_size:
+        raise ValueError(f"{VQ_FILE} has {t2i.tokenizer.codebook_size} codes but the GPT predicts "
+                         f"{t2i.verifier.cfg.vocab_size}: not the tokenizer it was trained on")
+    return t2i

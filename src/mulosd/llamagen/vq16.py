@@ -173,6 +173,20 @@ class LlamaGenVQ(VQModel):
 VQ_IGNORED = ("quantize.codebook_used",)  # upstream's usage statistics buffer
 
 
+def config_from_state(state: dict[str, torch.Tensor]) -> VQ16Config:
+    """The VQ16Config a state dict was saved from, read off its shapes (channels, levels, blocks, codebook)."""
+    try:
+        ch = state["encoder.conv_in.weight"].shape[0]
+        levels = 1 + max(int(k.split(".")[2]) for k in state if k.startswith("encoder.conv_blocks."))
+        ch_mult = [state[f"encoder.conv_blocks.{i}.res.0.conv1.weight"].shape[0] // ch for i in range(levels)]
+        blocks = 1 + max(int(k.split(".")[4]) for k in state if k.startswith("encoder.conv_blocks.0.res."))
+        size, dim = state["quantize.embedding.weight"].shape
+        return VQ16Config(ch=ch, ch_mult=ch_mult, num_res_blocks=blocks, codebook_size=size, code_dim=dim,
+                          z_channels=state["quant_conv.weight"].shape[1])
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"not a LlamaGen VQ state dict (no {e})") from None
+
+
 def load_vq_state(model: LlamaGenVQ, state: dict[str, torch.Tensor]) -> None:
     """Load an upstream VQ state dict, naming the first missing, extra or misshapen key."""
     state = {k.removeprefix("module."): v for k, v in state.items() if k not in VQ_IGNORED}
