@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -98,6 +99,19 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
     raise ConfigError("model.name", f"unknown model {m['name']!r}")
 
 
+class _BatchProgressBar(TQDMProgressBar):
+    """Counts batches out of model.train.batches (Lightning's total is max_steps: optimizer steps, 2 per batch
+    for the G/D modules)."""
+
+    def __init__(self, batches: int):
+        super().__init__()
+        self._batches = batches
+
+    @property
+    def total_train_batches(self) -> int:
+        return self._batches
+
+
 def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     """Train cfg.model; checkpoints every `model.train.ckpt_every` batches under RUN/checkpoints (last.ckpt
     to resume with ckpt_path=...), then export the weights to RUN/export (safetensors + config.json)."""
@@ -124,7 +138,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     per_batch = module.optimizer_steps_per_batch
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
                                  every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
-                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
+                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception"), _BatchProgressBar(sched.batches)]
     # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
     fast = {"fast_dev_run": per_batch * int(cfg.trainer.fast_dev_run)} if cfg.trainer.fast_dev_run else {}
     trainer = build_trainer(cfg, build_logger(cfg), callbacks, default_root_dir=run_dir, **fast,
