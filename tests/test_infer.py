@@ -6,7 +6,9 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from .conftest import ROOT
 
@@ -58,3 +60,18 @@ def test_llamagen_without_its_checkpoints_names_the_missing_files(tmp_path):
     (line,) = r.stderr.strip().splitlines()
     for name in ("vq_ds16_t2i.pt", "t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt", "huggingface.co/peizesun"):
         assert name in line
+
+
+def test_prompts_decoded_across_two_processes_match_one_process_in_order(tiny_zoo, tmp_path):
+    """devices=2: Lightning's predict loop with DDP (gloo on CPU); every image is the one a single process
+    decodes for that prompt, written under its prompt's index."""
+    prompts = "prompts=[a red circle,two crosses,a blue square above a green ring,three dotted rings,a yellow triangle]"
+    one = _infer(tiny_zoo, tmp_path / "one", prompts, "decoding=mulosd", "tau=0.05", "batch_size=2")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _infer(tiny_zoo, tmp_path / "two", prompts, "decoding=mulosd", "tau=0.05", "batch_size=2", "devices=2")
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "on 2 processes" in two.stdout
+    for i in range(5):
+        a, b = (np.asarray(Image.open(tmp_path / d / f"{i:03d}.png")) for d in ("one", "two"))
+        assert np.array_equal(a, b), i
+    assert (tmp_path / "two" / "grid.png").is_file()

@@ -232,6 +232,7 @@ class LlamaGenConfig:
 class InferConfig:
     backbone: str = "synthscenes"  # synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2)
     device: str = "cpu"  # cpu | cuda
+    devices: int = 1  # > 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)
     prompt: str | None = "a red circle above a blue square on a striped green background"
     prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
     prompt_file: str | None = None  # one caption per line; used instead of both when given
@@ -422,6 +423,9 @@ def validate_infer(cfg: DictConfig) -> None:
     check_keys(cfg, InferConfig)
     _one_of(cfg.decoding, DECODINGS, "decoding")
     _one_of(cfg.backbone, BACKBONES, "backbone")
+    _one_of(cfg.device, ("cpu", "cuda"), "device")
+    _require(cfg.devices >= 1, "devices", f"must be >= 1, got {cfg.devices}")
+    _require(cfg.devices == 1 or not cfg.compare, "compare", "compare=true decodes on one device (devices=1)")
     _one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
     _require(cfg.backbone == "synthscenes" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
              "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar or mulosd "

@@ -191,6 +191,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.decoding == "reference":
         return _reference(cfg, texts, out_dir)
+    if cfg.devices > 1:
+        return _run_distributed(cfg, texts, out_dir, synthscenes)
     strategies = {cfg.decoding} | ({"ar"} if cfg.compare else set())
     models = Models(cfg, strategies)
     images, traces = decode_all(models, cfg.decoding, cfg, texts)
@@ -229,6 +231,25 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.wandb != "disabled":
         _log_wandb(cfg, result, traces, grid_path)
     return result
+
+
+def _run_distributed(cfg: DictConfig, texts: list[str], out_dir: Path, synthscenes: bool) -> dict | None:
+    """devices > 1: the prompts decoded across processes (see generate.py); rank 0 reports."""
+    from .generate import generate
+
+    result = generate(cfg, texts, out_dir)
+    if result is None:
+        return None
+    images = result["images"]
+    verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
+    for i, (text, v) in enumerate(zip(texts, verdicts, strict=True)):
+        print(f"[{i}] {text!r} -> {out_dir / f'{i:03d}.png'}" + (f"  judge: {_verdict_text(v)}" if v else ""))
+    grid_path = out_dir / "grid.png"
+    captioned_grid(images, texts, cols=min(4, len(images))).save(grid_path)
+    geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
+    print(f"{cfg.decoding}: {len(texts)} images on {result['ranks']} processes in {result['wall_s']:.2f} s "
+          f"(slowest process), SynthScenes-GenEval {_score(geneval)}; grid -> {grid_path}")
+    return result | {"geneval": geneval}
 
 
 def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path) -> None:
