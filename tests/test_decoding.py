@@ -52,6 +52,21 @@ def test_everything_rejected_reproduces_plain_ar(resample):
     assert trace.counts["accepted"] == 0 and trace.counts["resampled"] == 3 * 64
 
 
+def test_zipar_drafting_saves_drafter_steps_and_changes_nothing_the_verifier_decides():
+    verifier, _, enc, *_ = MODELS
+    want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
+    serial = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_rows=2))[1]
+    got, zipar = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_rows=2, draft="zipar", draft_window=2))
+    assert torch.equal(got, want)  # everything rejected: the verifier's tokens whatever the draft
+    # 2 rounds of 2 low-res rows of 4: serial drafting 7 forwards per round, ZipAR (window 2) 5
+    assert serial.forwards["drafter"] - zipar.forwards["drafter"] == 2 * 2
+    assert zipar.counts["provisional_kv"] == 2 * 3  # each round's second row starts on a provisional slot
+    batch, _ = _mulosd(MuLoSDConfig(tau=0.05, draft_rows=2, draft="zipar", draft_window=2))
+    alone, _ = _mulosd(MuLoSDConfig(tau=0.05, draft_rows=2, draft="zipar", draft_window=2), captions=CAPTIONS[1:2],
+                       image_ids=torch.tensor([1]))
+    assert torch.equal(alone[0], batch[1])
+
+
 def test_tau_zero_returns_the_upsampled_draft():
     _, _, _, u, _, _ = MODELS
     calls = []

@@ -1,8 +1,9 @@
 """MuLo-SD: multi-scale local speculative decoding (DESIGN §6).
 
 Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res rows):
-1. the low-res drafter M_q drafts the block serially, after writing the previous block's down-sampled
-   committed tokens into its cache in the same forward (its context is always the verifier's image);
+1. the low-res drafter M_q drafts the block, serially or ZipAR-staggered (`draft=zipar`, window
+   `draft_window`), after writing the previous block's down-sampled committed tokens into its cache in one
+   forward (which also overwrites any provisional ZipAR slot: its context is always the verifier's image);
 2. U_r up-samples the low-res prefix (row-causal, so the new rows depend on committed rows and this draft);
 3. the verifier M_p checks the whole high-res block in one forward;
 4. pooled acceptance: sum over B_k(x~) of p >= tau (optional TVD cap delta);
@@ -37,6 +38,7 @@ from ..ar.sampling import sample
 from .acceptance import pooled_accept
 from .islands import expand, raster_linked_islands
 from .trace import Round, Trace
+from .zipar import zipar_rows
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class MuLoSDConfig:
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial
     draft_rows: int = 1  # low-res rows drafted per round
+    draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
+    draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
     relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
 
     def __post_init__(self):
@@ -63,6 +67,10 @@ class MuLoSDConfig:
             raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
         if self.resample not in ("parallel", "serial"):
             raise ValueError(f"resample must be parallel or serial, got {self.resample!r}")
+        if self.draft not in ("serial", "zipar"):
+            raise ValueError(f"draft must be serial or zipar, got {self.draft!r}")
+        if self.draft_window < 1:
+            raise ValueError(f"draft_window must be >= 1, got {self.draft_window}")
         if self.draft_rows < 1:
             raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
 
@@ -93,7 +101,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         bb.calls = bb.tokens_in = 0
     trace = Trace("mulosd").start()
     trace.counts = {"drafted": 0, "accepted": 0, "resampled": 0, "stale_kv": 0, "refreshed": 0, "up_calls": 0,
-                    "down_calls": 0}
+                    "down_calls": 0, "provisional_kv": 0}
     low = torch.zeros(B, g * g, dtype=torch.long, device=device)
     high = torch.zeros(B, G * G, dtype=torch.long, device=device)
     lq = drafter.start(captions)
@@ -108,12 +116,9 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
             prev = torch.arange(lo0 - block_lo, lo0, device=device).expand(B, -1)
             lq = drafter(prev, low.gather(1, prev))[:, -1:]
             steps += 1
-        for i in range(lo0, lo1):
-            pos = torch.full((B, 1), i, device=device)
-            low[:, i:i + 1] = _sample_draft(lq, warpers, seed, ids, pos)
-            if i + 1 < lo1:
-                lq = drafter(pos, low[:, i:i + 1])
-                steps += 1
+        window = g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
+        steps += zipar_rows(drafter, low, k * d, d, window, lq,
+                            lambda logits, pos: _sample_draft(logits, warpers, seed, ids, pos), trace.counts)
         # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
         draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
         trace.counts["up_calls"] += 1

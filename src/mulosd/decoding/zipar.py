@@ -30,36 +30,51 @@ def decode_zipar(backbone: ARBackbone, captions: list[str], window: int = 4, see
     trace = Trace(f"zipar{window}").start()
     trace.counts = {"provisional_kv": 0}
     tokens = torch.zeros(B, W * W, dtype=torch.long, device=device)
-    first = warp(backbone.start(captions), warpers)
-    steps, pending = 1, []  # pending: last positions of finished rows, to be written for real
-    for t in range(W + (W - 1) * window):
-        active = [(r, t - r * window) for r in range(W) if 0 <= t - r * window < W]
+    first = backbone.start(captions)
+
+    def draw(logits, pos):
+        return sample(warp(logits, warpers), seed, ids, pos)
+
+    trace.steps = 1 + zipar_rows(backbone, tokens, 0, W, window, first, draw, trace.counts, progress)
+    return tokens.view(B, W, W), trace.stop(verifier=backbone)
+
+
+def zipar_rows(backbone: ARBackbone, tokens: torch.Tensor, row0: int, rows: int, window: int,
+               first: torch.Tensor, draw, counts: dict, progress=None) -> int:
+    """Decode rows [row0, row0 + rows) of the raster grid `tokens` [B, W*W] in place, ZipAR-style; `first`
+    [B, 1, V] are the logits for the first position of row0 (from the caller's last forward), and
+    `draw(logits [B,1,V], positions [B,1]) -> tokens [B,1]` samples. With window = W it is plain serial
+    decoding. Returns the number of forwards (each one sequential step)."""
+    W = backbone.grid
+    B, device = tokens.shape[0], tokens.device
+    steps, pending = 0, []  # pending: last positions of finished rows, to be written for real
+    for t in range(W + (rows - 1) * window):
+        active = [(r, t - (r - row0) * window) for r in range(row0, row0 + rows) if 0 <= t - (r - row0) * window < W]
         writes, queries = list(pending), []
         pending = []
         for r, c in active:
             u = r * W + c
-            if u == 0:
+            if r == row0 and c == 0:
                 queries.append((u, None))
                 continue
             if c == 0:  # provisional: the previous row's latest token at the previous row's last slot
                 latest = (r - 1) * W + window - 1  # decoded in the previous step
                 writes.append((u - 1, latest))
                 if latest != u - 1:  # the row's other tokens will attend to a provisional slot
-                    trace.counts["provisional_kv"] += W - 1
+                    counts["provisional_kv"] = counts.get("provisional_kv", 0) + W - 1
             else:
                 writes.append((u - 1, u - 1))
             queries.append((u, len(writes) - 1))
         logits = None
         if writes:
             pos = torch.tensor([p for p, _ in writes], device=device).expand(B, -1)
-            logits = warp(backbone(pos, tokens[:, [src for _, src in writes]]), warpers)
+            logits = backbone(pos, tokens[:, [src for _, src in writes]])
             steps += 1
         for u, i in queries:
             dist = first if i is None else logits[:, i:i + 1]
-            tokens[:, u:u + 1] = sample(dist, seed, ids, torch.full((B, 1), u, device=device))
-            if u % W == W - 1 and u + 1 < W * W:
+            tokens[:, u:u + 1] = draw(dist, torch.full((B, 1), u, device=device))
+            if u % W == W - 1 and u // W + 1 < row0 + rows:
                 pending.append((u, u))
         if progress is not None:
             progress.update(1)
-    trace.steps = steps
-    return tokens.view(B, W, W), trace.stop(verifier=backbone)
+    return steps
