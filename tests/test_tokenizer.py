@@ -160,3 +160,26 @@ def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):
     loaded = load_tokenizer(tmp_path / "tok")
     assert torch.allclose(loaded.codebook(), m.codebook(), atol=1e-3)  # fp16 storage
     assert main(["--tokenizer", str(tmp_path / "nothing")]) == 2
+
+
+def test_exported_weights_record_their_sha256_and_a_tampered_file_is_refused(tmp_path):
+    from mulosd.zoo import file_sha256, save
+
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    out = save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    assert json.loads((out / "config.json").read_text())["sha256"] == file_sha256(out / "model.safetensors")
+    load_tokenizer(out)
+    data = bytearray((out / "model.safetensors").read_bytes())
+    data[-1] ^= 1  # one flipped bit in the last weight
+    (out / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_tokenizer(out)
+
+
+def test_every_shipped_model_matches_its_recorded_sha256():
+    from mulosd.zoo import file_sha256
+
+    shipped = [d for d in ZOO.iterdir() if (d / "config.json").is_file()]
+    assert shipped
+    for d in shipped:
+        assert json.loads((d / "config.json").read_text())["sha256"] == file_sha256(d / "model.safetensors"), d.name

@@ -4,6 +4,7 @@ the same two files loads the same way."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -36,7 +37,8 @@ def save(model: torch.nn.Module, kind: str, config: dict, out_dir: Path, recipe:
     state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
     save_file(state, out_dir / "model.safetensors")
     meta = {"kind": kind, "config": config, "recipe": recipe, "git_revision": git_revision(),
-            "dtype": str(dtype).removeprefix("torch."), **extra}
+            "dtype": str(dtype).removeprefix("torch."), "sha256": file_sha256(out_dir / "model.safetensors"),
+            **extra}
     (out_dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out_dir
 
@@ -82,7 +84,20 @@ def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQMode
     return model.eval().requires_grad_(False).to(device)
 
 
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _load_state(path: Path) -> dict:
+    """The weights, checked against the SHA-256 recorded at export (a corrupted or swapped file is refused)."""
+    want = read_config(path).get("sha256")
+    if want is not None and file_sha256(path / "model.safetensors") != want:
+        raise ValueError(f"{path / 'model.safetensors'} does not match the SHA-256 in its config.json: "
+                         "corrupted or replaced; re-export or re-download it")
     return {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
 
 
