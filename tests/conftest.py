@@ -34,14 +34,17 @@ def synth_shards(tmp_path_factory) -> Path:
 TINY_SAMPLE = {"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
 
 
+TINY_CODES = 128  # more than the default pool_k (64) neighbours
+
+
 def _tiny_tokenizer(path, seed):
     torch.manual_seed(seed)
-    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=TINY_CODES)).eval()
     return save(m, "vq_tokenizer", m.config.to_dict(), path, recipe="test"), m
 
 
 def _tiny_ar(path, tok_path, resolution, dim=32):
-    cfg = TransformerConfig(vocab_size=32, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16)
+    cfg = TransformerConfig(vocab_size=TINY_CODES, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16)
     model, enc = Transformer(cfg), SceneCaptionEncoder(16)
     save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
          {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, path, recipe="test",

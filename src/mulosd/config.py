@@ -253,7 +253,7 @@ class InferConfig:
     stage: str = "gan"  # latent up-sampler's loss stage: ce | mse_lpips | gan
     sr: str = "bicubic"  # pixel path: bicubic | lanczos
     tau: float = 0.5
-    pool_k: int = 8
+    pool_k: int = 64  # 64 of 1024 codes: LANTERN's share (1000 of 16384)
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"
@@ -264,7 +264,7 @@ class InferConfig:
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # baselines
     gamma: int = 4  # sd / lantern draft length
-    lantern_k: int = 8
+    lantern_k: int = 64
     lantern_delta: float = 0.2
     window: int = 4  # zipar
     models: InferModelsConfig = field(default_factory=InferModelsConfig)

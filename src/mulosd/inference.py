@@ -62,6 +62,10 @@ class Models:
         self.warpers = Warpers(*(s[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
         if strategies & {"mulosd", "lantern"}:
             k = max(cfg.pool_k, cfg.lantern_k, 1)
+            codes = self.tokenizer.codebook_size
+            if k >= codes:
+                raise ConfigError("pool_k" if cfg.pool_k >= cfg.lantern_k else "lantern_k",
+                                  f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
             self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), k)
         if "mulosd" in strategies:
             name = m.drafter or f"synthscenes_ar_{meta['resolution'] // r}"
