@@ -281,8 +281,8 @@ class BenchConfig:
     batch_size: int = 1  # latency as the paper measures it; larger batches work too
     strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "mulosd"])  # + ar, always
     rs: list[int] = field(default_factory=lambda: [2, 4])
-    taus: list[float] = field(default_factory=lambda: [0.1, 0.3, 0.5, 0.7])
-    radii: list[int] = field(default_factory=lambda: [1])
+    taus: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
+    radii: list[int] = field(default_factory=lambda: [0, 1])
     fd: bool = True  # FD-VGG against the world's renders of the same prompts
     metrics: list[str] = field(default_factory=list)  # real metrics where their weights exist: fid, clip, hpsv2
     metrics_weights: dict[str, str] = field(default_factory=dict)  # metric -> local weights file
