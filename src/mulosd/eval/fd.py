@@ -32,7 +32,7 @@ def vgg_features(images: list[np.ndarray], batch: int = 32) -> np.ndarray:
     """uint8 [H, W, 3] images -> [N, 512] float64 features (224 px, ImageNet normalisation)."""
     net, out = _vgg16_features(), []
     for i in range(0, len(images), batch):
-        x = torch.stack([torch.from_numpy(im).permute(2, 0, 1) for im in images[i:i + batch]]).float() / 255
+        x = torch.stack([torch.tensor(im).permute(2, 0, 1) for im in images[i:i + batch]]).float() / 255  # copies
         x = F.interpolate(x, size=224, mode="bilinear", align_corners=False, antialias=True)
         out.append(net((x - MEAN) / STD).mean(dim=(2, 3)).double().numpy())
     return np.concatenate(out)
