@@ -105,6 +105,10 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     from .eval.real_metrics import real_metrics
 
     reference = _references(prompts, cfg.seed) if cfg.fd or cfg.metrics else None
+    if cfg.fd:
+        from .eval.fd import frechet_distance, vgg_features
+
+        reference_features = vgg_features(reference)  # once, not once per point
     rows, reported = [], set()
     for p in points:
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
@@ -117,9 +121,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
                "geneval": score["geneval"]}
         if cfg.fd:
-            from .eval.fd import fd_vgg
-
-            row["fd_vgg"] = fd_vgg(images, reference)
+            row["fd_vgg"] = frechet_distance(vgg_features(images), reference_features)
         scores, skipped = real_metrics(cfg.metrics, images, prompts, reference, dict(cfg.metrics_weights))
         row |= scores
         for name, why in skipped.items():
