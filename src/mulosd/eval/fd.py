@@ -46,7 +46,3 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     if np.iscomplexobj(covmean):
         covmean = covmean.real
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a + s_b - 2 * covmean))
-
-
-def fd_vgg(images: list[np.ndarray], reference: list[np.ndarray]) -> float:
-    return frechet_distance(vgg_features(images), vgg_features(reference))
