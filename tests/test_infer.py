@@ -66,9 +66,10 @@ def test_prompts_decoded_across_two_processes_match_one_process_in_order(tiny_zo
     """devices=2: Lightning's predict loop with DDP (gloo on CPU); every image is the one a single process
     decodes for that prompt, written under its prompt's index."""
     prompts = "prompts=[a red circle,two crosses,a blue square above a green ring,three dotted rings,a yellow triangle]"
-    one = _infer(tiny_zoo, tmp_path / "one", prompts, "decoding=mulosd", "tau=0.05", "batch_size=2")
+    # batch 1 in both runs: float32 BLAS results depend on the batch's shape, and the ranks batch differently
+    one = _infer(tiny_zoo, tmp_path / "one", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1")
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _infer(tiny_zoo, tmp_path / "two", prompts, "decoding=mulosd", "tau=0.05", "batch_size=2", "devices=2")
+    two = _infer(tiny_zoo, tmp_path / "two", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1", "devices=2")
     assert two.returncode == 0, two.stderr[-3000:]
     assert "on 2 processes" in two.stdout
     for i in range(5):
