@@ -13,11 +13,12 @@ from PIL import Image
 from .conftest import ROOT
 
 
-def _infer(zoo, tmp_path, *extra):
+def _infer(zoo, tmp_path, *extra, env=None):
     args = [f"models.tokenizer={zoo / 'tok'}", f"models.verifier={zoo / 'ar128'}", f"models.drafter={zoo / 'ar64'}",
             f"models.small={zoo / 'small'}", f"models.up={zoo / 'up'}", f"models.down={zoo / 'down'}",
             f"out_dir={tmp_path}", f"hydra.run.dir={tmp_path / 'h'}", *extra]
-    return subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env)
 
 
 def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, tmp_path):
@@ -66,10 +67,13 @@ def test_prompts_decoded_across_two_processes_match_one_process_in_order(tiny_zo
     """devices=2: Lightning's predict loop with DDP (gloo on CPU); every image is the one a single process
     decodes for that prompt, written under its prompt's index."""
     prompts = "prompts=[a red circle,two crosses,a blue square above a green ring,three dotted rings,a yellow triangle]"
-    # batch 1 in both runs: float32 BLAS results depend on the batch's shape, and the ranks batch differently
-    one = _infer(tiny_zoo, tmp_path / "one", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1")
+    # batch 1 and one thread in both runs: float32 results depend on the batch's shape and on the thread count
+    # (the ranks batch differently, and Lightning gives each rank its share of the cores)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = _infer(tiny_zoo, tmp_path / "one", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1", env=env)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = _infer(tiny_zoo, tmp_path / "two", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1", "devices=2")
+    two = _infer(tiny_zoo, tmp_path / "two", prompts, "decoding=mulosd", "tau=0.05", "batch_size=1", "devices=2",
+                 env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "on 2 processes" in two.stdout
     for i in range(5):
