@@ -9,31 +9,24 @@ L2-normalised at use (`codebook_l2_norm`), as in our own tokenizer, so encode/de
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..tokenizer.vq import VectorQuantizer, VQModel
+from ..tokenizer.vq import VectorQuantizer, VQConfig, VQModel
 
 
 @dataclass
-class VQ16Config:
+class VQ16Config(VQConfig):
+    """Our VQConfig's fields with VQ_16's sizes (downsample 16, 16384 codes of 8)."""
+
     ch: int = 128
     ch_mult: list[int] = field(default_factory=lambda: [1, 1, 2, 2, 4])
     num_res_blocks: int = 2
     z_channels: int = 256
     codebook_size: int = 16384
-    code_dim: int = 8
-    beta: float = 0.25
-
-    @property
-    def downsample(self) -> int:
-        return 2 ** (len(self.ch_mult) - 1)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _norm(ch: int) -> nn.GroupNorm:
