@@ -1,11 +1,8 @@
 """Samplers: row-causality, shapes, the four experiments end to end, GAN warm-up in batches, exact resume,
 codebook checks on load, the pixel-space path and the ablation report."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -98,10 +95,8 @@ def _common(tokenizer, shards):
             "data.image_size=64", "data.batch_size=4", "model.width=16", "model.depth=1", "logger=none"]
 
 
-def _train(run_dir, experiment, *extra, wait=True):
+def _train(run_dir, experiment, *extra):
     cmd = [sys.executable, "train.py", f"experiment={experiment}", f"hydra.run.dir={run_dir}", *extra]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -122,9 +117,10 @@ def _state(path):
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
-def test_gan_warmup_counts_batches_and_a_killed_run_resumes_exactly(tmp_path, tmp_path_factory, tiny_tokenizer):
+def test_gan_warmup_counts_batches(tmp_path, tmp_path_factory, tiny_tokenizer):
+    """(Kill-and-resume of every stage is in tests/reliability.)"""
     shards = tmp_path_factory.getbasetemp() / "sampler_shards"
-    common = [*_common(tiny_tokenizer, shards), "model.train.batches=8", "model.train.ckpt_every=1",
+    common = [*_common(tiny_tokenizer, shards), "model.train.batches=8", "model.train.ckpt_every=4",
               "model.train.val_every=100", "model.loss.image.disc_start=3", "data.num_workers=1"]
     common.remove("logger=none")
     _train(tmp_path / "a", "upsampler_gan", *common, "logger=csv", f"logger.save_dir={tmp_path / 'logs'}",
@@ -136,27 +132,9 @@ def test_gan_warmup_counts_batches_and_a_killed_run_resumes_exactly(tmp_path, tm
     d_from = min(b for b, d in trained if d)
     assert d_from == 4, f"with disc_start=3 the discriminator first trains on the 4th batch, not {d_from}"
     assert all(not d for b, d in trained if b < 4) and len(trained) == 8
-
-    b = tmp_path / "b"
-    proc = _train(b, "upsampler_gan", *common, "logger=none", wait=False)
-    last = b / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        try:
-            if last.exists() and _state(last)["mulosd"]["batches_seen"] >= 3:
-                break
-        except Exception:
-            pass
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert 3 <= _state(last)["mulosd"]["batches_seen"] < 8, "the run should have been killed mid-way"
-    _train(b, "upsampler_gan", *common, "logger=none", f"ckpt_path={last}")
-    want, got = _state(tmp_path / "a" / "checkpoints" / "last.ckpt"), _state(last)
-    assert want["mulosd"]["batches_seen"] == got["mulosd"]["batches_seen"] == 8
-    assert want["global_step"] == 16  # Lightning's counter: two optimizer steps per batch; the warm-up is not it
-    for k, v in want["state_dict"].items():
-        assert torch.equal(v, got["state_dict"][k]), k
+    last = _state(tmp_path / "a" / "checkpoints" / "last.ckpt")
+    assert last["mulosd"]["batches_seen"] == 8
+    assert last["global_step"] == 16  # Lightning's counter: two optimizer steps per batch; the warm-up is not it
 
 
 def test_rerunning_into_a_used_directory_is_refused(tmp_path, tmp_path_factory, tiny_tokenizer):

@@ -1,9 +1,6 @@
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -56,13 +53,11 @@ def test_neighbour_table_matches_brute_force(tmp_path):
     assert torch.equal(cached_neighbour_table(cb, 10, cache_dir=tmp_path), table)
 
 
-def _train(run_dir, *extra, wait=True):
+def _train(run_dir, *extra):
     cmd = [sys.executable, "train.py", "experiment=zoo_tokenizer", f"hydra.run.dir={run_dir}", *TINY, *extra]
-    if wait:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, r.stderr[-3000:]
-        return r
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
 
 
 @pytest.fixture(scope="module")
@@ -75,43 +70,6 @@ def tiny_data(tmp_path_factory):
 def test_recipe_fast_dev_run_trains_two_batches(tmp_path, tiny_data):
     r = _train(tmp_path, *tiny_data, "trainer.fast_dev_run=2", "model.loss.disc_start=1")
     assert "trained 2 batches" in r.stdout
-
-
-def _state(ckpt):
-    return torch.load(ckpt, weights_only=True, map_location="cpu")  # plain containers only
-
-
-def test_killed_run_resumes_to_the_same_weights(tmp_path, tiny_data):
-    common = [*tiny_data, "model.train.batches=10", "model.train.ckpt_every=1", "model.loss.disc_start=2",
-              "model.train.val_every=100", "data.num_workers=2"]
-    _train(tmp_path / "a", *common)
-    b = tmp_path / "b"
-    proc = _train(b, *common, wait=False)
-    last = b / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 300
-    while time.time() < deadline:  # kill -9 once a checkpoint past batch 3 exists
-        if last.exists():
-            try:
-                if _state(last)["mulosd"]["batches_seen"] >= 3:
-                    break
-            except Exception:
-                pass
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    killed_at = _state(last)["mulosd"]["batches_seen"]
-    assert 3 <= killed_at < 10, "the run should have been killed mid-way"
-    _train(b, *common, f"ckpt_path={last}")
-    a, r = _state(tmp_path / "a" / "checkpoints" / "last.ckpt"), _state(last)
-    assert a["mulosd"]["batches_seen"] == r["mulosd"]["batches_seen"] == 10
-    assert a["global_step"] == r["global_step"] == 20
-    for k, v in a["state_dict"].items():
-        assert torch.equal(v, r["state_dict"][k]), k
-    for oa, orr in zip(a["optimizer_states"], r["optimizer_states"], strict=True):
-        for pid, st in oa["state"].items():
-            for name, t in st.items():
-                assert torch.equal(t, orr["state"][pid][name]), (pid, name)
-    assert a["ShardDataModule"]["train_batches"] == r["ShardDataModule"]["train_batches"] == 10
 
 
 def test_missing_resume_checkpoint_fails_hard(tmp_path, tiny_data):
@@ -133,18 +91,6 @@ def test_shipped_tokenizer_loads_and_reconstructs_fixed_scenes():
             rec = tok.decode(tok.encode(x))
         assert psnr(rec, x).mean().item() >= floor, size
     assert np.isfinite(tok.codebook().numpy()).all()
-
-
-def test_sigterm_saves_and_exits_nonzero(tmp_path, tiny_data):
-    proc = _train(tmp_path, *tiny_data, "model.train.batches=1000", "model.train.ckpt_every=1",
-                  "model.train.val_every=1000", wait=False)
-    deadline = time.time() + 300
-    while not (tmp_path / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 143
-    saved = _state(tmp_path / "checkpoints" / "on_exception.ckpt")
-    assert saved["mulosd"]["batches_seen"] >= 1
 
 
 def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):

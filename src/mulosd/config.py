@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -475,6 +476,23 @@ def validate_bench(cfg: DictConfig) -> None:
         validate_infer(cfg.infer)
     except ConfigError as e:
         raise ConfigError("infer." + e.key, str(e).split(": ", 1)[1]) from None
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+    """`group=option` overrides name an existing conf/group/option.yaml. Hydra reports a missing option in
+    12-20 lines (every option, its search path); this says it in one line before Hydra starts. Sweeps
+    (`loss=token_ce,gan`) are checked option by option; other sweep syntax is left to Hydra."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+").partition("=")
+        if not sep or "(" in value or "/" in key or "." in key or not (conf_dir / key).is_dir():
+            continue
+        options = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in (*options, "null"):
+                raise ConfigError(key, f"{choice!r} is not one of {', '.join(options)} (conf/{key}/)")
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ issues); `inspect_data` streams batches through the data pipeline and reports wh
 
 from __future__ import annotations
 
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -16,12 +17,10 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .config import ConfigError, validate_model, validate_train
+from .config import CONF_DIR, ConfigError, validate_model, validate_train
 from .data.datamodule import ShardDataModule
 from .data.stream import to_image
 from .viz import captioned_grid
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
 def available_experiments() -> list[str]:
@@ -118,7 +117,8 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    from .lit.resume import AtomicCheckpointIO
+    from .atomic import remove_stale_temporaries
+    from .lit.resume import AtomicCheckpointIO, ConsumedKeys
 
     if cfg.model is None:
         raise ConfigError("model", "no model to train: choose an experiment, python train.py experiment=NAME "
@@ -134,11 +134,14 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         raise ConfigError("ckpt_path", f"{ckpt_dir} already holds a run: resume it with ckpt_path={ckpt_dir}/"
                                        "last.ckpt, or train into a new hydra.run.dir")
     module = build_module(cfg.model)
+    removed = remove_stale_temporaries(ckpt_dir)
+    if removed:
+        print(f"removed {removed} temporary file(s) a killed checkpoint write left in {ckpt_dir}", file=sys.stderr)
     sched = cfg.model.train
     per_batch = module.optimizer_steps_per_batch
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
                                  every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
-                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
+                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception"), ConsumedKeys(run_dir)]
     if cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a bar callback when bars are off
         callbacks.append(_BatchProgressBar(sched.batches))
     # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
@@ -153,12 +156,15 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         if cfg.trainer.fast_dev_run and per_batch > 1:
             # fast_dev_run's step budget ends the fit before the epoch-end validation: run it explicitly
             trainer.validate(module, datamodule=dm, verbose=False)
+    except pickle.UnpicklingError as e:  # a resume checkpoint holding more than weights: never unpickled
+        raise ConfigError("ckpt_path", f"{cfg.ckpt_path} is not a weights-only checkpoint, refused to load it "
+                                       f"({str(e).splitlines()[0][:200]})") from None
     except SIGTERMException:  # a SystemExit with status 0: a scheduler must see the interruption
         print(f"interrupted by SIGTERM after batch {module.batches_seen}; resume with "
               f"ckpt_path={ckpt_dir}/on_exception.ckpt", file=sys.stderr)
         sys.exit(143)
     print(f"trained {module.batches_seen} batches ({dm.summary()})")
-    if not cfg.trainer.fast_dev_run:
+    if not cfg.trainer.fast_dev_run and trainer.is_global_zero:
         out = module.export(run_dir / "export", recipe=_recipe())
         print(f"exported -> {out}")
     return module

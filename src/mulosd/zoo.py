@@ -10,8 +10,10 @@ import subprocess
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_bytes
 
+from .atomic import atomic_write_bytes
 from .tokenizer import VQConfig, VQModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,11 +37,13 @@ def save(model: torch.nn.Module, kind: str, config: dict, out_dir: Path, recipe:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
-    save_file(state, out_dir / "model.safetensors")
+    data = save_bytes(state)
+    # weights first, then the config that names their hash: a kill in between leaves a config whose hash
+    # refuses the new weights (or no config at all), never a silently mismatched pair
+    atomic_write_bytes(out_dir / "model.safetensors", data)
     meta = {"kind": kind, "config": config, "recipe": recipe, "git_revision": git_revision(),
-            "dtype": str(dtype).removeprefix("torch."), "sha256": file_sha256(out_dir / "model.safetensors"),
-            **extra}
-    (out_dir / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+            "dtype": str(dtype).removeprefix("torch."), "sha256": hashlib.sha256(data).hexdigest(), **extra}
+    atomic_write_bytes(out_dir / "config.json", (json.dumps(meta, indent=2) + "\n").encode())
     return out_dir
 
 

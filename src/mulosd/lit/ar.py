@@ -7,7 +7,6 @@ draws a few captions with plain AR decoding and guidance, decoded by the tokeniz
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
@@ -20,9 +19,8 @@ from ..ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
 from ..data.stream import to_image
 from ..data.synthscenes import judge, parse_caption
 from ..viz import captioned_grid
+from .guards import NonFiniteGuard
 from .resume import assert_finite, rng_state, set_rng_state
-
-log = logging.getLogger(__name__)
 
 
 def build_ar(transformer: dict) -> tuple[Transformer, SceneCaptionEncoder]:
@@ -41,7 +39,7 @@ class ARModule(L.LightningModule):
         self.optim, self.train_cfg = optim, train
         self.batches_seen = 0
         self.drop_rng = torch.Generator().manual_seed(int(train["seed"]))
-        self._nonfinite = 0
+        self.guard = NonFiniteGuard()
 
     def configure_optimizers(self):
         o = self.optim
@@ -63,13 +61,9 @@ class ARModule(L.LightningModule):
         drop = torch.rand(len(batch["caption"]), generator=self.drop_rng) < self.hparams["cond_dropout"]
         loss = self.loss(batch["tokens"], batch["caption"], drop.to(self.device))
         self.batches_seen += 1
-        if not torch.isfinite(loss):
-            self._nonfinite += 1
-            log.warning("non-finite loss %s at batch %d: update skipped", loss.item(), self.batches_seen)
-            if self._nonfinite >= 10:
-                raise FloatingPointError("10 non-finite losses in a row: stopping (lower optim.lr?)")
+        if self.guard.nonfinite("loss", loss, self.batches_seen):
             return None  # Lightning skips the optimizer step
-        self._nonfinite = 0
+        self.guard.clean()
         self.log("train/ce", loss, prog_bar=True, on_step=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True)
         return loss

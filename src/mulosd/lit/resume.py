@@ -1,4 +1,5 @@
-"""What exact resume needs beyond Lightning's checkpoint: RNG states, and atomic, NaN-free checkpoint files.
+"""What exact resume needs beyond Lightning's checkpoint: RNG states, atomic NaN-free checkpoint files that
+load as data only, and a log of the sample keys each batch consumed (to prove nothing replayed or skipped).
 
 Lightning saves no RNG state, and its atomic save goes through the system temp directory (a copy across
 filesystems, not a rename). See ../shared/reference/pitfalls.md §1.3, §1.5, §1.12.
@@ -6,13 +7,16 @@ filesystems, not a rename). See ../shared/reference/pitfalls.md §1.3, §1.5, §
 
 from __future__ import annotations
 
-import os
+import json
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from ..atomic import atomic_write
 
 
 def rng_state() -> dict:
@@ -41,28 +45,38 @@ def assert_finite(module: torch.nn.Module) -> None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Write to a temporary file in the target directory, fsync, rename, fsync the directory: a kill
-    leaves either the old checkpoint or the new one, never a torn file. Stale temporaries are removed."""
+    """Checkpoints written through `atomic_write` (a kill leaves the old file or the new one, never a torn
+    one), and read with weights_only=True whatever the caller asks: a checkpoint is data, never code."""
 
     def save_checkpoint(self, checkpoint, path, storage_options=None):
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in path.parent.glob(f".{path.name}.tmp-*"):
-            stale.unlink(missing_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        atomic_write(Path(path), lambda f: torch.save(checkpoint, f))
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        return super().load_checkpoint(path, map_location=map_location or "cpu", weights_only=True)
+
+
+class ConsumedKeys(Callback):
+    """Appends each trained batch's sample keys to RUN/consumed_keys[.rankN].jsonl as {"batch": n, "keys": [...]}
+    (n counts from 1). A resumed run appends to the same file, re-logging the batches it trains again; the
+    last line of each batch number is what the final weights saw (`consumed_sequence`)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        rank = trainer.global_rank
+        name = "consumed_keys.jsonl" if trainer.world_size == 1 else f"consumed_keys.rank{rank}.jsonl"
+        with open(self.run_dir / name, "a") as f:
+            f.write(json.dumps({"batch": pl_module.batches_seen, "keys": list(batch["key"])}) + "\n")
+
+
+def consumed_sequence(path: Path) -> list[list[str]]:
+    """The keys of batches 1..N as the final weights saw them: the last logged line of each batch number."""
+    by_batch = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        by_batch[row["batch"]] = row["keys"]
+    return [by_batch[b] for b in sorted(by_batch)]
 
 
 def set_stable_then_decay_lr(optimizers, optim: dict, batches: int, batches_seen: int) -> float:

@@ -27,6 +27,7 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..samplers import LatentDownsampler, LatentUpsampler
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
+from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
 from .tokenizer import psnr
 
@@ -59,7 +60,7 @@ class SamplerModule(L.LightningModule):
         self.optim, self.train_cfg = optim, train
         self.automatic_optimization = False
         self.batches_seen = 0
-        self._nonfinite = 0
+        self.guard = NonFiniteGuard()
         if init_from:
             self._init_from(init_from)
 
@@ -121,34 +122,37 @@ class SamplerModule(L.LightningModule):
         opt_g, opt_d = self.optimizers()
         set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
                                  self.batches_seen)
+        n = self.batches_seen + 1
+        if self.guard.nonfinite("data", batch_images(batch), n):
+            return self._skip_step(opt_g, opt_d)
         low, high = self.tokens(batch)
         loss, logs, fake = self.generator_loss(batch, low, high)
-        if not torch.isfinite(loss):
-            self._nonfinite += 1
-            log.warning("non-finite loss %s at batch %d: update skipped", loss.item(), self.batches_seen)
-            for opt in (opt_g, opt_d):
-                opt.zero_grad(set_to_none=True)
-                opt.step()
-            self.batches_seen += 1
-            if self._nonfinite >= 10:
-                raise FloatingPointError("10 non-finite losses in a row: stopping (lower optim.lr?)")
-            return
-        self._nonfinite = 0
+        if self.guard.nonfinite("generator loss", loss, n):
+            return self._skip_step(opt_g, opt_d)
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(loss)
         self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
         opt_g.step()
         opt_d.zero_grad(set_to_none=True)
+        clean = True
         if self.image_loss is not None and self.image_loss.gan_active(self.batches_seen):
             d_loss, d_logs = self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])
-            self.manual_backward(d_loss)
-            self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
-            logs.update(d_logs)
+            clean = not self.guard.nonfinite("discriminator loss", d_loss, n)
+            if clean:
+                self.manual_backward(d_loss)
+                self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
+                logs.update(d_logs)
         opt_d.step()  # a no-op without gradients
+        if clean:
+            self.guard.clean()
         self.batches_seen += 1
         self.log("train/acc", logs.pop("acc"), prog_bar=True, on_step=True)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
+
+    def _skip_step(self, opt_g, opt_d) -> None:
+        self.guard.skip_step((opt_g, opt_d))
+        self.batches_seen += 1
 
     @torch.no_grad()
     def predict_tokens(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
@@ -184,11 +188,14 @@ class SamplerModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         assert_finite(self)
-        checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "rng": rng_state()}
+        checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "rng": rng_state(),
+                                "guard": self.guard.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.batches_seen = int(checkpoint["mulosd"]["batches_seen"])
-        set_rng_state(checkpoint["mulosd"]["rng"])
+        state = checkpoint["mulosd"]
+        self.batches_seen = int(state["batches_seen"])
+        set_rng_state(state["rng"])
+        self.guard.load_state_dict(state.get("guard", {"in_a_row": 0, "skipped": []}))
 
     def datamodule(self, shards, cfg):
         return shards

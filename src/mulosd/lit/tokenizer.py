@@ -8,7 +8,6 @@ RNG (touched by Lightning when it builds loaders) cannot change what a resumed r
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import lightning as L
@@ -20,9 +19,8 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..losses.image_loss import LPIPS_MIN_SIZE
 from ..tokenizer import VQConfig, VQModel
 from ..viz import captioned_grid
+from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
-
-log = logging.getLogger(__name__)
 
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -41,7 +39,7 @@ class TokenizerModule(L.LightningModule):
         self.automatic_optimization = False
         self.batches_seen = 0
         self.crop_rng = torch.Generator().manual_seed(int(train["seed"]))
-        self._nonfinite = 0
+        self.guard = NonFiniteGuard()
 
     # one optimizer step each for G and D per batch, even before the GAN warm-up, so that Lightning's
     # global_step is always 2 x batches (checkpoint intervals and max_steps stay aligned)
@@ -67,45 +65,42 @@ class TokenizerModule(L.LightningModule):
         opt_g, opt_d = self.optimizers()
         factor = set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
                                           self.batches_seen)
-        reals = self.views(batch)
+        n = self.batches_seen + 1
+        reals = self.views(batch)  # before the data check: the crop generator advances on every batch
+        if self.guard.nonfinite("data", batch_images(batch), n):
+            return self._skip_step(opt_g, opt_d)
         outs = [self.model(x) for x in reals]
         fakes = [o[0] for o in outs]
         qloss = sum(o[2] for o in outs) / len(outs)
         g_loss, logs = self.loss.generator_loss(reals, fakes, self.model.last_layer(), self.batches_seen)
         total = g_loss + qloss
-        if not torch.isfinite(total):
-            self._skip_nonfinite(opt_g, opt_d, total)
-            return
-        self._nonfinite = 0
+        if self.guard.nonfinite("generator loss", total, n):
+            return self._skip_step(opt_g, opt_d)
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(total)
         self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
         opt_g.step()
         opt_d.zero_grad(set_to_none=True)
+        clean = True
         if self.loss.gan_active(self.batches_seen):
             d_loss, d_logs = self.loss.discriminator_loss(reals, fakes)
-            self.manual_backward(d_loss)
-            self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
-            logs.update(d_logs)
+            clean = not self.guard.nonfinite("discriminator loss", d_loss, n)
+            if clean:
+                self.manual_backward(d_loss)
+                self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
+                logs.update(d_logs)
         opt_d.step()  # a no-op without gradients (before the warm-up)
+        if clean:
+            self.guard.clean()
         self.batches_seen += 1
         logs.update(q_loss=qloss.detach(), total=total.detach(), lr_factor=factor)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
         self.log("train/rec", logs.get("l1", logs.get("mse")), prog_bar=True, on_step=True)
 
-    def _skip_nonfinite(self, opt_g, opt_d, total):
-        """A non-finite loss skips the update (both optimizers still 'step' without gradients, keeping
-        global_step aligned) and is reported; ten in a row stop the run."""
-        self._nonfinite += 1
-        log.warning("non-finite loss %s at batch %d: update skipped", total.item(), self.batches_seen)
-        opt_g.zero_grad(set_to_none=True)
-        opt_d.zero_grad(set_to_none=True)
-        opt_g.step()
-        opt_d.step()
+    def _skip_step(self, opt_g, opt_d) -> None:
+        self.guard.skip_step((opt_g, opt_d))
         self.batches_seen += 1
-        if self._nonfinite >= 10:
-            raise FloatingPointError("10 non-finite losses in a row: stopping (lower optim.lr?)")
 
     @torch.no_grad()
     def reconstruct(self, images: torch.Tensor) -> torch.Tensor:
@@ -145,13 +140,14 @@ class TokenizerModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         assert_finite(self)
         checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "crop_rng": self.crop_rng.get_state(),
-                                "rng": rng_state()}
+                                "rng": rng_state(), "guard": self.guard.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["mulosd"]
         self.batches_seen = int(state["batches_seen"])
         self.crop_rng.set_state(state["crop_rng"])
         set_rng_state(state["rng"])
+        self.guard.load_state_dict(state.get("guard", {"in_a_row": 0, "skipped": []}))
 
     def datamodule(self, shards, cfg):
         """The tokenizer trains on the image stream itself."""
