@@ -18,7 +18,8 @@ def run(world: World, work: Path) -> Check:
     r = train(run_dir, [*world.sampler("token_ce"), "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2",
                         "trainer.strategy=ddp", "trainer.precision=32-true", "data.resampled=false",
                         "data.num_workers=0", "data.synth.val_shards=2", f"model.train.batches={BATCHES}",
-                        "model.train.ckpt_every=2", "model.train.val_every=1000", "logger=csv", "trainer.log_every_n_steps=1",
+                        "model.train.ckpt_every=2", "model.train.val_every=1000", "logger=csv",
+                        "trainer.log_every_n_steps=1",
                         f"logger.save_dir={run_dir / 'logs'}"], timeout=900)
     if not check.trial(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-1500:]}"):
         return check
