@@ -59,6 +59,9 @@ class DataConfig:
     max_image_pixels: int = 64_000_000
     synth: SynthShardsConfig | None = None
     token_cache: str = "data/tokens"  # token grids computed once per tokenizer for the AR models
+    # RUN/consumed_keys.jsonl: each trained batch's sample keys (what a run saw; the resume battery reads it).
+    # About 20 bytes per sample: turn off for very long runs on large batches.
+    log_keys: bool = True
 
 
 @dataclass

@@ -141,7 +141,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     per_batch = module.optimizer_steps_per_batch
     callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
                                  every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
-                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception"), ConsumedKeys(run_dir)]
+                 OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
+    if cfg.data.log_keys:
+        callbacks.append(ConsumedKeys(run_dir))
     if cfg.trainer.get("enable_progress_bar", True):  # Lightning refuses a bar callback when bars are off
         callbacks.append(_BatchProgressBar(sched.batches))
     # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
