@@ -26,11 +26,11 @@ BATCHES = 10
 TARGETS = ("token_ce", "mse_lpips", "gan", "tokenizer")
 
 
-def _overrides(world: World, target: str) -> list[str]:
+def _overrides(world: World, target: str, batches: int) -> list[str]:
     base = world.tokenizer_run if target == "tokenizer" else world.sampler(target)
     # two loader workers: resuming must restart the round-robin over workers at the right one; the
     # discriminator starts and the learning rate decays mid-run, so kills land on both sides of each
-    return [*base, *world.disc_start(target, 3), f"model.train.batches={BATCHES}", "model.train.ckpt_every=1",
+    return [*base, *world.disc_start(target, 3), f"model.train.batches={batches}", "model.train.ckpt_every=1",
             "model.train.val_every=1000", "model.optim.decay_batches=4", "data.num_workers=2"]
 
 
@@ -68,18 +68,21 @@ def _equal_states(want: dict, got: dict) -> list[str]:
             diffs.append(key)
     if want["mulosd"]["batches_seen"] != got["mulosd"]["batches_seen"]:
         diffs.append("batches_seen")
+    if want.get("ShardDataModule") != got.get("ShardDataModule"):  # the stream position
+        diffs.append("ShardDataModule")
     return diffs
 
 
 def chain(world: World, target: str, kills: int, work: Path, seed: int) -> dict:
     """One target: the uninterrupted run and the killed one; returns what was compared."""
     rng = random.Random(seed)
-    overrides = _overrides(world, target)
+    batches = max(BATCHES, kills + 2)  # distinct kill points inside the run
+    overrides = _overrides(world, target, batches)
     ref, run = work / f"{target}_reference", work / f"{target}_killed"
     r = train(ref, overrides)
     if r.returncode != 0:
         raise RuntimeError(f"{target}: the uninterrupted run failed: {r.stderr[-2000:]}")
-    at = sorted(rng.sample(range(1, BATCHES - 1), kills))
+    at = sorted(rng.sample(range(1, batches - 1), kills))
     held = []
     for i, batch in enumerate(at):
         held.append(_kill_at(run, overrides, batch, rng, resume=i > 0))
