@@ -18,10 +18,15 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
+def stale_temporaries(directory: Path) -> list[Path]:
+    """The temporaries killed writers left in `directory`."""
+    directory = Path(directory)
+    return list(directory.glob(".*.tmp-*")) if directory.is_dir() else []
+
+
 def remove_stale_temporaries(directory: Path) -> int:
     """Delete the temporaries a killed writer left in `directory`; returns how many."""
-    directory = Path(directory)
-    stale = list(directory.glob(".*.tmp-*")) if directory.is_dir() else []
+    stale = stale_temporaries(directory)
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)

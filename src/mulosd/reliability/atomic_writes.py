@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import stale_temporaries
 from ..lit.resume import AtomicCheckpointIO
 from .common import ROOT, Check, child_env
 
@@ -73,7 +74,7 @@ def _spawn(mode: str, directory: Path, **kw) -> subprocess.Popen:
 
 
 def _stale(directory: Path) -> int:
-    return len(list(directory.glob(".*.tmp-*")))
+    return len(stale_temporaries(directory))
 
 
 def kills(work: Path, n: int, seed: int = 0) -> Check:

@@ -46,9 +46,12 @@ def _kill_at(run_dir: Path, overrides: list[str], batch: int, rng: random.Random
     so the kill lands mid-step or mid-write), and return what last.ckpt holds after the kill."""
     last = run_dir / "checkpoints" / "last.ckpt"
     proc = start_training(run_dir, overrides + ([f"ckpt_path={last}"] if resume else []))
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and _batches_in(last) < batch:
+    deadline, seen, held = time.time() + 300, None, -1
+    while time.time() < deadline and proc.poll() is None and held < batch:
         time.sleep(0.02)
+        stamp = last.stat().st_mtime_ns if last.exists() else None
+        if stamp != seen:  # read the checkpoint only when a new one has been renamed into place
+            seen, held = stamp, _batches_in(last)
     time.sleep(rng.uniform(0, 0.4))
     if proc.poll() is not None:
         raise RuntimeError(f"the run ended before its kill at batch {batch}: {proc.stderr.read()[-2000:]}")

@@ -43,6 +43,19 @@ def safetensors_round_trip(dirs: list[Path], check: Check) -> None:
                     f"round trip {hashlib.sha256(again).hexdigest()}")
 
 
+def _refuses(name: str, load, marker: Path, check: Check) -> bool:
+    """`load()` must raise without running the payload; returns whether the payload ran."""
+    try:
+        load()
+        refused = False
+    except Exception:  # noqa: BLE001 - any refusal will do; running the payload is the failure
+        refused = True
+    ran = marker.exists()
+    check.trial(refused and not ran, f"{name}: refused={refused}, payload ran={ran}")
+    marker.unlink(missing_ok=True)
+    return ran
+
+
 def planted_payloads(world: World, work: Path, check: Check) -> int:
     """Plant a payload where each loader reads; returns how many ran (must be 0)."""
     from ..llamagen.checkpoints import read_pt
@@ -70,14 +83,7 @@ def planted_payloads(world: World, work: Path, check: Check) -> int:
     # 2. the LlamaGen .pt reader
     pt = work / "vq_ds16_t2i.pt"
     torch.save({"model": {"w": torch.zeros(2)}, "evil": Payload(marker)}, pt)
-    try:
-        read_pt(pt)
-        refused = False
-    except Exception:  # noqa: BLE001
-        refused = True
-    check.trial(refused and not marker.exists(), f"read_pt: refused={refused}, payload ran={marker.exists()}")
-    ran += marker.exists()
-    marker.unlink(missing_ok=True)
+    ran += _refuses("read_pt", lambda: read_pt(pt), marker, check)
     # 3. a zoo directory whose weights file is a pickle
     fake = work / "fake_tokenizer"
     fake.mkdir(exist_ok=True)
@@ -85,13 +91,7 @@ def planted_payloads(world: World, work: Path, check: Check) -> int:
     (fake / "config.json").write_text(json.dumps(json.loads((world.tokenizer / "config.json").read_text())
                                                  | {"sha256": hashlib.sha256((fake / "model.safetensors")
                                                                              .read_bytes()).hexdigest()}))
-    try:
-        load_tokenizer(fake)
-        refused = False
-    except Exception:  # noqa: BLE001
-        refused = True
-    check.trial(refused and not marker.exists(), f"zoo loader: refused={refused}, payload ran={marker.exists()}")
-    ran += marker.exists()
+    ran += _refuses("zoo loader", lambda: load_tokenizer(fake), marker, check)
     return ran
 
 
