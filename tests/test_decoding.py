@@ -153,8 +153,8 @@ def test_pooled_acceptance_by_hand():
 
 
 @pytest.mark.parametrize("bad", [{"tau": float("nan")}, {"tau": -0.1}, {"delta": 1.5}, {"radius": -1},
-                                 {"rejection": "diagonal"}, {"resample": "zigzag"}, {"draft_rows": 0},
-                                 {"pool_k": -2}])
+                                 {"rejection": "diagonal"}, {"resample": "zigzag"}, {"resample_window": 0},
+                                 {"draft_rows": 0}, {"pool_k": -2}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         MuLoSDConfig(**bad)
@@ -242,3 +242,28 @@ def test_frechet_distance_is_zero_on_identical_sets_and_grows_with_a_shift():
     assert abs(frechet_distance(a, a)) < 1e-6
     near, far = frechet_distance(a, a + 0.1), frechet_distance(a, a + 1.0)
     assert near == pytest.approx(8 * 0.01, rel=1e-3) and far == pytest.approx(8.0, rel=1e-3)
+
+
+def _reject_a_rectangle(logp, draft):
+    """Forced acceptance: in every round's 2 x 8 block, columns 1-5 of both rows are rejected (one island)."""
+    accepted = torch.ones_like(draft, dtype=torch.bool).view(draft.shape[0], 2, 8)
+    accepted[:, :, 1:6] = False
+    return accepted.view_as(draft)
+
+
+def test_zipar_within_islands_advances_rows_together():
+    par_img, par = _mulosd(MuLoSDConfig(radius=0, resample="parallel"), accept=_reject_a_rectangle)
+    zip_img, zipar = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=1), accept=_reject_a_rectangle)
+    # per round: the island's 10 positions, t0 = (0,1) straight from the verification; raster: 9 queries in a
+    # row; ZipAR (window 1: (1,j) waits for (0,j+1)): (0,2) | (0,3)+(1,1) | (0,4)+(1,2) | (0,5)+(1,3) | (1,4) | (1,5)
+    assert par.forwards["verifier"] == 1 + 4 * (1 + 9)
+    assert zipar.forwards["verifier"] == 1 + 4 * (1 + 6)
+    # a first row's positions see the same context either way (what ZipAR skips lies after them): same tokens
+    assert torch.equal(zip_img[:, 0::2], par_img[:, 0::2])
+    wide, _ = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=8), accept=_reject_a_rectangle)
+    assert torch.equal(wide, par_img)  # a full-row window waits for every earlier position: raster order
+    cfg = MuLoSDConfig(tau=0.1, radius=1, resample="zipar", resample_window=1)
+    batch, _ = _mulosd(cfg)
+    for i, c in enumerate(CAPTIONS):
+        alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
+        assert torch.equal(alone[0], batch[i])

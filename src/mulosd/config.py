@@ -261,7 +261,8 @@ class InferConfig:
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"
-    resample: str = "parallel"
+    resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
+    resample_window: int = 2  # ZipAR window for resample=zipar
     draft_rows: int = 1
     draft: str = "serial"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
     draft_window: int = 4  # ZipAR window for draft=zipar
@@ -445,14 +446,14 @@ def validate_infer(cfg: DictConfig) -> None:
     _one_of(cfg.stage, ("ce", "mse_lpips", "gan"), "stage")
     _one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
     _one_of(cfg.rejection, ("local", "raster"), "rejection")
-    _one_of(cfg.resample, ("parallel", "serial"), "resample")
+    _one_of(cfg.resample, ("parallel", "serial", "zipar"), "resample")
     _one_of(cfg.draft, ("serial", "zipar"), "draft")
     _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too
     _require(cfg.delta is None or 0 <= cfg.delta <= 1, "delta", f"must be in [0, 1] or null, got {cfg.delta}")
     _require(0 <= cfg.lantern_delta <= 1, "lantern_delta", f"must be in [0, 1], got {cfg.lantern_delta}")
     for key in ("pool_k", "radius", "lantern_k"):
         _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
-    for key in ("draft_rows", "gamma", "window", "draft_window"):
+    for key in ("draft_rows", "gamma", "window", "draft_window", "resample_window"):
         _require(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
     _require(cfg.cfg_scale is None or cfg.cfg_scale >= 0, "cfg_scale", f"must be >= 0, got {cfg.cfg_scale}")
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")

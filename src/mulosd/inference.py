@@ -138,8 +138,9 @@ class Models:
             return decode_sd(verifier, ARBackbone(self.small, self.small_encoder, self.cfg_scale), captions, sd,
                              neighbours=getattr(self, "neighbours", None), **common)
         ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius,
-                          rejection=cfg.rejection, resample=cfg.resample, draft_rows=cfg.draft_rows,
-                          draft=cfg.draft, draft_window=cfg.draft_window, relative=cfg.relative)
+                          rejection=cfg.rejection, resample=cfg.resample, resample_window=cfg.resample_window,
+                          draft_rows=cfg.draft_rows, draft=cfg.draft, draft_window=cfg.draft_window,
+                          relative=cfg.relative)
         drafter = ARBackbone(self.drafter, self.drafter_encoder, self.cfg_scale)
         return decode_mulosd(verifier, drafter, self.up, self.down, captions, self.neighbours, ml, **common)
 

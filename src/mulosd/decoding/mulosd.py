@@ -10,7 +10,8 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
 5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
    (`rejection=raster` takes every position from t0 on);
 6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
-   step (`resample=parallel`), or one island after another (`serial`);
+   step (`resample=parallel`), ZipAR within islands (`zipar`: an island's rows advance together, window
+   `resample_window`), or one island after another (`serial`);
 7. the committed block is down-sampled by D_r for M_q's next round.
 
 Stale KV entries. The verification forward writes K/V for every drafted position; those of accepted positions
@@ -48,7 +49,8 @@ class MuLoSDConfig:
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"  # local | raster
-    resample: str = "parallel"  # parallel | serial
+    resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
+    resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
     draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
@@ -65,8 +67,10 @@ class MuLoSDConfig:
             raise ValueError(f"radius must be >= 0, got {self.radius}")
         if self.rejection not in ("local", "raster"):
             raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
-        if self.resample not in ("parallel", "serial"):
-            raise ValueError(f"resample must be parallel or serial, got {self.resample!r}")
+        if self.resample not in ("parallel", "serial", "zipar"):
+            raise ValueError(f"resample must be parallel, serial or zipar, got {self.resample!r}")
+        if self.resample_window < 1:
+            raise ValueError(f"resample_window must be >= 1, got {self.resample_window}")
         if self.draft not in ("serial", "zipar"):
             raise ValueError(f"draft must be serial or zipar, got {self.draft!r}")
         if self.draft_window < 1:
@@ -144,7 +148,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
-        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample)
+        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window)
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -170,44 +174,50 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
-              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str) -> int:
+              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int) -> int:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
     number of sequential verifier forwards.
 
-    Each step queries, per island, its next position u in raster order: one forward writes u's predecessor
-    (whose output is u's distribution) and the island's last sampled token if it is not that predecessor.
-    The first position of R_X, t0, needs no query: its context is committed and unchanged, so the
-    verification forward's distribution is exact. An image with nothing to do in a step rewrites a position
-    whose context is final (a no-op), so an image decodes the same alone and in a batch."""
+    Each step queries, per island, every position u that is ready: one forward writes u's predecessor (whose
+    output is u's distribution) and the tokens sampled in the previous step. `parallel`: an island's
+    positions go one per step in raster order (islands side by side); `serial`: all of R_X as one island;
+    `zipar`: an island's rows advance together, u = (i, j) waiting only for the island's earlier positions in
+    row i, its raster predecessor and those of earlier rows up to column j + window (ZipAR's rule: what it
+    does not wait for is a hole in its context, as in ZipAR). The first position of R_X, t0, needs no query:
+    its context is committed and unchanged, so the verification forward's distribution is exact. An image
+    with nothing to do in a step rewrites a position whose context is final (a no-op), so an image decodes
+    the same alone and in a batch."""
     B, n = redo.shape
-    rows, G = n // verifier.grid, verifier.grid
-    queues = []  # per image: islands, each the list of absolute raster positions
+    G = verifier.grid
+    reach = window if mode == "zipar" else G  # a full-row reach waits for every earlier position: raster order
+    schedules = []  # per image: per island, (positions, blockers: for each position the indices it waits for)
     for b in range(B):
-        isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(rows, G).cpu().numpy())]
-        queues.append([[p for island in isl for p in island]] if mode == "serial" and isl else isl)
-    done = [[0] * len(q) for q in queues]
+        isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
+        if mode == "serial" and isl:
+            isl = [sorted(p for island in isl for p in island)]
+        schedules.append([(island, [[k for k, v in enumerate(island[:i])
+                                     if v // G == u // G or v % G <= u % G + reach or v == u - 1]
+                                    for i, u in enumerate(island)]) for island in isl])
+    done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
     unwritten: list[set[int]] = [set() for _ in range(B)]
     for b in range(B):  # t0 first, straight from the verification forward (islands are sorted by start)
-        if queues[b]:
-            t0 = queues[b][0][0]
+        if schedules[b]:
+            t0 = schedules[b][0][0][0]
             high[b, t0] = sample(logp[b:b + 1, t0 - hi0:t0 - hi0 + 1], seed, ids[b:b + 1],
                                  torch.tensor([[t0]], device=high.device))[0, 0]
             unwritten[b].add(t0)
-            done[b][0] = 1
+            done[b][0][0] = True
     steps = 0
     while True:
-        writes, targets = [], []  # per image: [(position, token)], [(u, index of u-1 in writes)]
+        writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
         for b in range(B):
-            w, t = {}, []
-            for j, island in enumerate(queues[b]):
-                if done[b][j] == len(island):
-                    continue
-                u = island[done[b][j]]
-                for p in sorted(unwritten[b].intersection(island)) + [u - 1]:
-                    w.setdefault(p, int(high[b, p]))
-                t.append((u, list(w).index(u - 1)))
+            w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
+            t = [(island[i], j, i) for j, (island, blockers) in enumerate(schedules[b]) for i in range(len(island))
+                 if not done[b][j][i] and all(done[b][j][k] for k in blockers[i])]
+            for u, _, _ in t:
+                w.setdefault(u - 1, int(high[b, u - 1]))
             writes.append(list(w.items()))
-            targets.append(t)
+            targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in t])
         if not any(targets):
             return steps
         width = max(len(w) for w in writes)
@@ -223,9 +233,8 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
         steps += 1
         for b in range(B):
             unwritten[b].difference_update(p for p, _ in writes[b])
-            for u, i in targets[b]:
-                high[b, u] = sample(out[b:b + 1, i:i + 1], seed, ids[b:b + 1],
+            for u, j, i, k in targets[b]:
+                high[b, u] = sample(out[b:b + 1, k:k + 1], seed, ids[b:b + 1],
                                     torch.tensor([[u]], device=high.device))[0, 0]
                 unwritten[b].add(u)
-            for j, island in enumerate(queues[b]):
-                done[b][j] = min(done[b][j] + 1, len(island))
+                done[b][j][i] = True
