@@ -7,7 +7,7 @@ import torch
 
 from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
 from mulosd.data.synthscenes import caption_text, sample_scene
-from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd
+from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
 from mulosd.decoding.acceptance import pooled_accept, pooled_mass, residual
 from mulosd.decoding.islands import expand, islands, raster_linked_islands
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
@@ -253,9 +253,9 @@ def _reject_a_rectangle(logp, draft):
 
 def test_zipar_within_islands_advances_rows_together():
     par_img, par = _mulosd(MuLoSDConfig(radius=0, resample="parallel"), accept=_reject_a_rectangle)
-    zip_img, zipar = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=1), accept=_reject_a_rectangle)
+    zip_img, zipar = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=2), accept=_reject_a_rectangle)
     # per round: the island's 10 positions, t0 = (0,1) straight from the verification; raster: 9 queries in a
-    # row; ZipAR (window 1: (1,j) waits for (0,j+1)): (0,2) | (0,3)+(1,1) | (0,4)+(1,2) | (0,5)+(1,3) | (1,4) | (1,5)
+    # row; ZipAR (window 2: (1,j) waits for (0,j+1)): (0,2) | (0,3)+(1,1) | (0,4)+(1,2) | (0,5)+(1,3) | (1,4) | (1,5)
     assert par.forwards["verifier"] == 1 + 4 * (1 + 9)
     assert zipar.forwards["verifier"] == 1 + 4 * (1 + 6)
     # a first row's positions see the same context either way (what ZipAR skips lies after them): same tokens
@@ -267,3 +267,15 @@ def test_zipar_within_islands_advances_rows_together():
     for i, c in enumerate(CAPTIONS):
         alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
         assert torch.equal(alone[0], batch[i])
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_zipar_within_one_whole_image_island_is_zipar(window):
+    """Everything rejected in a single round: R_X is the whole image, one island, and ZipAR within it must be
+    decode_zipar token for token, row starts through the same provisional slots."""
+    verifier, _, enc, *_ = MODELS
+    want, zipar = decode_zipar(ARBackbone(verifier, enc, 2.0), CAPTIONS, window=window, seed=5)
+    got, trace = _mulosd(MuLoSDConfig(tau=1.5, draft_rows=4, resample="zipar", resample_window=window))
+    assert torch.equal(got, want)
+    assert trace.counts["provisional_kv"] == 3 * zipar.counts["provisional_kv"]  # ours counts the whole batch
+    assert trace.forwards["verifier"] == zipar.forwards["verifier"] + 1  # + the verification forward

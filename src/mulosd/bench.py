@@ -22,7 +22,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .config import validate_bench
-from .eval import geneval_score, prompt_set
+from .eval import geneval_score, paired_difference, prompt_set
 
 BASELINES = ("zipar", "sd", "lantern")
 
@@ -119,7 +119,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
-               "geneval": score["geneval"]}
+               "geneval": score["geneval"], "passed": score["passed"], "categories": score["categories"]}
         if cfg.fd:
             row["fd_vgg"] = frechet_distance(vgg_features(images), reference_features)
         scores, skipped = real_metrics(cfg.metrics, images, prompts, reference, dict(cfg.metrics_weights))
@@ -130,8 +130,11 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                 reported.add(name)
         rows.append(row)
     ar = rows[0]
+    ar_passed = ar["passed"]
     for row in rows:
         row["speedup"] = ar["wall_s"] / row["wall_s"]
+        diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
+        row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
     _write(out, rows, cfg)
     line = _last_line(rows, ar)
     print(line)
@@ -153,11 +156,13 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
     fd = "fd_vgg" in rows[0]
     lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}, "
              f"{torch.get_num_threads()} CPU threads; speed-up = wall-clock of ar / of the method, same run", "",
-             "| method | speed-up | sequential steps | verifier forwards | drafter forwards | GenEval |"
-             + (" FD-VGG |" if fd else ""), "|---|---|---|---|---|---|" + ("---|" if fd else "")]
+             "| method | speed-up | sequential steps | verifier forwards | drafter forwards | GenEval | "
+             "GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""), "|---|---|---|---|---|---|---|"
+             + ("---|" if fd else "")]
     for r in rows:
         lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {r['verifier_forwards']:.0f} | "
-                     f"{r['drafter_forwards']:.0f} | {r['geneval']:.3f} |" + (f" {r['fd_vgg']:.2f} |" if fd else ""))
+                     f"{r['drafter_forwards']:.0f} | {r['geneval']:.3f} | {r['geneval_vs_ar']:+.3f} ± "
+                     f"{r['geneval_vs_ar_ci95']:.3f} |" + (f" {r['fd_vgg']:.2f} |" if fd else ""))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     _plot(out, rows, fd)

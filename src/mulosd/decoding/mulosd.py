@@ -50,7 +50,7 @@ class MuLoSDConfig:
     radius: int = 1
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
-    resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar
+    resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar: (i, j) waits for (i-1, j+w-1)
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
     draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
@@ -148,7 +148,8 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
-        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window)
+        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
+                           trace.counts)
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -174,7 +175,7 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
-              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int) -> int:
+              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int, counts: dict) -> int:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
     number of sequential verifier forwards.
 
@@ -182,21 +183,23 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     output is u's distribution) and the tokens sampled in the previous step. `parallel`: an island's
     positions go one per step in raster order (islands side by side); `serial`: all of R_X as one island;
     `zipar`: an island's rows advance together, u = (i, j) waiting only for the island's earlier positions in
-    row i, its raster predecessor and those of earlier rows up to column j + window (ZipAR's rule: what it
-    does not wait for is a hole in its context, as in ZipAR). The first position of R_X, t0, needs no query:
-    its context is committed and unchanged, so the verification forward's distribution is exact. An image
-    with nothing to do in a step rewrites a position whose context is final (a no-op), so an image decodes
-    the same alone and in a batch."""
+    row i and those of earlier rows up to column j + window - 1 (ZipAR's rule, decode_zipar's window: what it
+    does not wait for is a hole in its context). A row start whose predecessor, the previous row's end, is still to be
+    resampled is queried through a provisional slot, as decode_zipar does: the previous row's latest final
+    token written there, rewritten with the real one once sampled (counted as `provisional_kv`).
+    The first position of R_X, t0, needs no query: its context is committed and unchanged, so the
+    verification forward's distribution is exact. An image with nothing to do in a step rewrites a position
+    whose context is final (a no-op), so an image decodes the same alone and in a batch."""
     B, n = redo.shape
     G = verifier.grid
-    reach = window if mode == "zipar" else G  # a full-row reach waits for every earlier position: raster order
+    reach = window - 1 if mode == "zipar" else G  # a full-row reach waits for every earlier position: raster
     schedules = []  # per image: per island, (positions, blockers: for each position the indices it waits for)
     for b in range(B):
         isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
         if mode == "serial" and isl:
             isl = [sorted(p for island in isl for p in island)]
         schedules.append([(island, [[k for k, v in enumerate(island[:i])
-                                     if v // G == u // G or v % G <= u % G + reach or v == u - 1]
+                                     if v // G == u // G or v % G <= u % G + reach or (v == u - 1 and mode != "zipar")]
                                     for i, u in enumerate(island)]) for island in isl])
     done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
     unwritten: list[set[int]] = [set() for _ in range(B)]
@@ -214,8 +217,15 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
             t = [(island[i], j, i) for j, (island, blockers) in enumerate(schedules[b]) for i in range(len(island))
                  if not done[b][j][i] and all(done[b][j][k] for k in blockers[i])]
-            for u, _, _ in t:
-                w.setdefault(u - 1, int(high[b, u - 1]))
+            for u, j, _ in t:
+                island, flags = schedules[b][j][0], done[b][j]
+                if u - 1 in island and not flags[island.index(u - 1)]:  # a row start ahead of its predecessor
+                    row = [p for p, f in zip(island, flags) if p // G == (u - 1) // G and not f]
+                    latest = row[0] - 1  # the previous row's last final token
+                    w[u - 1] = int(high[b, latest])
+                    counts["provisional_kv"] += sum(p // G == u // G for p in island) - 1  # the row's others
+                else:
+                    w.setdefault(u - 1, int(high[b, u - 1]))
             writes.append(list(w.items()))
             targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in t])
         if not any(targets):
