@@ -18,7 +18,8 @@ def _bench(zoo, out, *extra):
 
 
 def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
-    r = _bench(tiny_zoo, tmp_path, "metrics=[fid,clip,hpsv2]")
+    variants = ["+variants.zip={resample:zipar,resample_window:1}", "+variants.round={kv_refresh:round}"]
+    r = _bench(tiny_zoo, tmp_path, "metrics=[fid,clip,hpsv2]", *variants)
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"bench: mulosd_r2 speedup=\d+\.\d\d geneval=\d\.\d{3} ar_geneval=\d\.\d{3} "
@@ -26,22 +27,29 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     for name in ("fid", "clip", "hpsv2"):  # offline: each skipped with one line naming what is missing
         assert len([line for line in r.stdout.splitlines() if line.startswith(f"metric {name} skipped: ")]) == 1
     table = (tmp_path / "results.md").read_text()
-    for method in ("ar", "zipar", "sd", "lantern", "mulosd_r2_tau0_l1", "mulosd_r2_tau1_l1"):
+    for method in ("ar", "zipar", "sd", "lantern", "mulosd_r2_tau0_l1_zip", "mulosd_r2_tau1_l1_zip",
+                   "mulosd_r2_tau0_l1_round", "mulosd_r2_tau1_l1_round"):
         assert f"| {method} |" in table, method
-    assert (tmp_path / "results.csv").read_text().count("\n") == 7 and (tmp_path / "speedup.png").is_file()
+    assert (tmp_path / "results.csv").read_text().count("\n") == 9 and (tmp_path / "speedup.png").is_file()
+    cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    assert len(cells) == 8 * 2
+    # each variant decoded with its own settings: everything rejected (tau 1), ZipAR within the islands takes
+    # fewer verifier forwards than raster resampling
+    forwards = {c["point"]: c["forwards"]["verifier"] for c in cells if c["start"] == 0}
+    assert forwards["mulosd_r2_tau1_l1_zip"] < forwards["mulosd_r2_tau1_l1_round"]
     cells = (tmp_path / "cells.jsonl").read_text().splitlines()
-    assert len(cells) == 6 * 2
     # a half-finished run: drop the last three cells; the rerun computes exactly those
     (tmp_path / "cells.jsonl").write_text("\n".join(cells[:-3]) + "\n")
     kept = {(json.loads(c)["point"], json.loads(c)["start"]) for c in cells[:-3]}
-    r = _bench(tiny_zoo, tmp_path)
+    r = _bench(tiny_zoo, tmp_path, *variants)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(again) == 12 and {(c["point"], c["start"]) for c in again[:9]} == kept
+    assert len(again) == 16 and {(c["point"], c["start"]) for c in again[:13]} == kept
 
 
 def test_bench_refuses_bad_grids(tiny_zoo, tmp_path):
     for override, key in (("taus=[0.5,1.5]", "taus"), ("rs=[3]", "rs"), ("strategies=[magic]", "strategies"),
-                          ("infer.tau=-1", "infer.tau")):
+                          ("infer.tau=-1", "infer.tau"), ("+variants.z={resample:zigzag}", "variants.z.resample"),
+                          ("+variants.z={tua:0.1}", "variants.z.tua")):
         r = _bench(tiny_zoo, tmp_path, override)
         assert r.returncode == 2 and f"error: {key}" in r.stderr, (override, r.stderr[-500:])

@@ -119,6 +119,7 @@ def test_cli_typo_exits_nonzero_naming_the_key():
     ("train.py", "experiment=downsampler loss=gan", "model.loss.stage"),
     ("train.py", "experiment=zoo_ar_64 model.cond_dropout=1.5", "model.cond_dropout"),
     ("infer.py", "tau=1.2", "tau"),
+    ("infer.py", "resample_window=0", "resample_window"),
 ])
 def test_cli_bad_values_are_one_line_errors(script, override, key):
     args = override.split() if override.startswith("experiment=") else [override]

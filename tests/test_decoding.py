@@ -279,3 +279,34 @@ def test_zipar_within_one_whole_image_island_is_zipar(window):
     assert torch.equal(got, want)
     assert trace.counts["provisional_kv"] == 3 * zipar.counts["provisional_kv"]  # ours counts the whole batch
     assert trace.forwards["verifier"] == zipar.forwards["verifier"] + 1  # + the verification forward
+
+
+@pytest.mark.parametrize("resample", ["parallel", "zipar"])
+def test_rejected_drafts_leave_no_trace_with_eager_kv_refresh(resample):
+    """Same accepted drafts, different tokens at the rejected positions. With the eager refresh nothing depends
+    on the rejected tokens, not even the K/V of accepted positions after t0 (computed in the verification
+    forward with those drafts in view, rewritten before any query reads them); keeping them until the next
+    round's verification (`round`) lets the rejected drafts reach the queries through them."""
+    verifier_model, drafter_model, enc, u, d, nb = MODELS
+
+    def other_rejected_drafts(low):
+        out = u.up(low).clone()
+        out[:, -2:, 1:6] = (out[:, -2:, 1:6] + 7) % V  # exactly where _reject_a_rectangle rejects
+        return out
+
+    def decode(up, refresh):
+        verifier = ARBackbone(verifier_model, enc, 2.0)
+        image, trace = decode_mulosd(verifier, ARBackbone(drafter_model, enc, 2.0), up, d.down, CAPTIONS, nb,
+                                     MuLoSDConfig(radius=0, resample=resample, kv_refresh=refresh), seed=5,
+                                     accept=_reject_a_rectangle)
+        # layer 1 keys of the last block's accepted (6,6) (6,7) (7,0): final context before (7,1) was queried
+        slots = verifier_model.cfg.prefix + torch.tensor([6 * 8 + 6, 6 * 8 + 7, 7 * 8])
+        return image, trace, verifier.cache.k[1][:, :, slots]
+
+    eager, trace, keys = decode(u.up, "eager")
+    _, _, other_keys = decode(other_rejected_drafts, "eager")
+    assert torch.equal(other_keys, keys)
+    assert trace.counts["refreshed"] > 3 * 3 * 8 * 2  # the next rounds' rewrites, and the eager ones on top
+    _, _, stale_keys = decode(u.up, "round")
+    _, _, other_stale_keys = decode(other_rejected_drafts, "round")
+    assert not torch.allclose(stale_keys, other_stale_keys)

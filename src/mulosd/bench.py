@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from tqdm import tqdm
 
-from .config import validate_bench
+from .config import validate_bench, with_overrides
 from .eval import geneval_score, paired_difference, prompt_set
 
 BASELINES = ("zipar", "sd", "lantern")
@@ -33,18 +33,20 @@ class Point:
     r: int | None = None
     tau: float | None = None
     radius: int | None = None
+    variant: str | None = None  # a key of cfg.variants
 
     @property
     def name(self) -> str:
         if self.strategy != "mulosd":
             return self.strategy
-        return f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}"
+        return f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}" + (f"_{self.variant}" if self.variant else "")
 
 
 def grid(cfg: DictConfig) -> list[Point]:
     points = [Point("ar")] + [Point(s) for s in cfg.strategies if s in BASELINES]
     if "mulosd" in cfg.strategies:
-        points += [Point("mulosd", r, float(t), rad) for r in cfg.rs for t in cfg.taus for rad in cfg.radii]
+        points += [Point("mulosd", r, float(t), rad, v) for v in (list(cfg.variants) or [None]) for r in cfg.rs
+                   for t in cfg.taus for rad in cfg.radii]
     return points
 
 
@@ -52,6 +54,7 @@ def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
     c = copy.deepcopy(cfg.infer)
     c.seed, c.batch_size = cfg.seed, cfg.batch_size
     if point.strategy == "mulosd":
+        c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
         c.r, c.tau, c.radius = point.r, point.tau, point.radius
     return c
 
@@ -73,14 +76,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     elif cells_path.exists():
         cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    models: dict = {}  # r -> Models (the drafter and samplers depend on r)
+    models: dict = {}  # what they depend on -> Models
     starts = range(0, len(prompts), cfg.batch_size)
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
             icfg = _infer_cfg(cfg, point)
-            key = point.r or cfg.infer.r
+            # what Models loads depends on r and on these (a variant may change them)
+            key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
             if key not in models:
                 models[key] = Models(icfg, {"ar", *cfg.strategies})
             chunk = prompts[start:start + cfg.batch_size]
@@ -115,7 +119,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
         row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
-               "radius": "" if p.radius is None else p.radius, "wall_s": sum(c["wall_s"] for c in cells),
+               "radius": "" if p.radius is None else p.radius, "variant": p.variant or "", "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
@@ -183,7 +187,8 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     for ax, (key, label) in zip(axes[0], metrics, strict=True):
         curves: dict[str, list] = {}
         for r in rows:
-            curve = r["method"] if r["strategy"] != "mulosd" else f"mulosd r={r['r']} l={r['radius']}"
+            curve = (r["method"] if r["strategy"] != "mulosd" else
+                     f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
             curves.setdefault(curve, []).append(r)
         for curve, rs in curves.items():
             rs = sorted(rs, key=lambda r: r["tau"] if r["tau"] != "" else 0)

@@ -263,6 +263,8 @@ class InferConfig:
     rejection: str = "local"
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
     resample_window: int = 2  # ZipAR window for resample=zipar
+    keep_rejected: bool = False  # rejected drafts stay in the verifier's context until resampled
+    kv_refresh: str = "eager"  # eager | round (see decoding/mulosd.py: stale K/V of accepted positions)
     draft_rows: int = 1
     draft: str = "serial"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
     draft_window: int = 4  # ZipAR window for draft=zipar
@@ -288,6 +290,8 @@ class BenchConfig:
     rs: list[int] = field(default_factory=lambda: [2, 4])
     taus: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
     radii: list[int] = field(default_factory=lambda: [0, 1])
+    # MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     fd: bool = True  # FD-VGG against the world's renders of the same prompts
     metrics: list[str] = field(default_factory=list)  # real metrics where their weights exist: fid, clip, hpsv2
     metrics_weights: dict[str, str] = field(default_factory=dict)  # metric -> local weights file
@@ -448,6 +452,7 @@ def validate_infer(cfg: DictConfig) -> None:
     _one_of(cfg.rejection, ("local", "raster"), "rejection")
     _one_of(cfg.resample, ("parallel", "serial", "zipar"), "resample")
     _one_of(cfg.draft, ("serial", "zipar"), "draft")
+    _one_of(cfg.kv_refresh, ("eager", "round"), "kv_refresh")
     _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too
     _require(cfg.delta is None or 0 <= cfg.delta <= 1, "delta", f"must be in [0, 1] or null, got {cfg.delta}")
     _require(0 <= cfg.lantern_delta <= 1, "lantern_delta", f"must be in [0, 1], got {cfg.lantern_delta}")
@@ -480,6 +485,19 @@ def validate_bench(cfg: DictConfig) -> None:
         validate_infer(cfg.infer)
     except ConfigError as e:
         raise ConfigError("infer." + e.key, str(e).split(": ", 1)[1]) from None
+    for name, overrides in cfg.variants.items():
+        try:
+            validate_infer(with_overrides(cfg.infer, overrides))
+        except ConfigError as e:
+            raise ConfigError(f"variants.{name}.{e.key}", str(e).split(": ", 1)[1]) from None
+
+
+def with_overrides(cfg: DictConfig, overrides) -> DictConfig:
+    """A copy of cfg with these keys set (a key cfg does not have is refused by the next validation)."""
+    out = OmegaConf.create(OmegaConf.to_container(cfg))
+    for key, value in (overrides or {}).items():
+        OmegaConf.update(out, str(key), value, force_add=True)
+    return out
 
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -50,6 +50,8 @@ class MuLoSDConfig:
     radius: int = 1
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
+    keep_rejected: bool = False  # rejected drafts stay in the verifier's context as placeholders until resampled
+    kv_refresh: str = "eager"  # eager | round: when accepted positions after t0 get K/V from their final context
     resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar: (i, j) waits for (i-1, j+w-1)
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
@@ -69,6 +71,8 @@ class MuLoSDConfig:
             raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
         if self.resample not in ("parallel", "serial", "zipar"):
             raise ValueError(f"resample must be parallel, serial or zipar, got {self.resample!r}")
+        if self.kv_refresh not in ("eager", "round"):
+            raise ValueError(f"kv_refresh must be eager or round, got {self.kv_refresh!r}")
         if self.resample_window < 1:
             raise ValueError(f"resample_window must be >= 1, got {self.resample_window}")
         if self.draft not in ("serial", "zipar"):
@@ -143,13 +147,14 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
         high[:, hi0:hi1] = draft
         drafted_low, drafted_high = low.cpu().clone(), high.cpu().clone()
-        verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
+        if not cfg.keep_rejected:
+            verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
         t0 = torch.where(redo.any(1), redo.float().argmax(1), torch.full((B,), rows * G, device=device))
         stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
         steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
-                           trace.counts)
+                           cfg.kv_refresh == "eager", trace.counts)
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -175,7 +180,8 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
-              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int, counts: dict) -> int:
+              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int, eager: bool,
+              counts: dict) -> int:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
     number of sequential verifier forwards.
 
@@ -210,11 +216,23 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
                                  torch.tensor([[t0]], device=high.device))[0, 0]
             unwritten[b].add(t0)
             done[b][0][0] = True
+    # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
+    # in the first forward after every position before it is final (no extra forward: the ones that become
+    # final only with the round's last samples are rewritten by the next round's verification forward)
+    stale = [[hi0 + int(p) for p in torch.nonzero(~redo[b]).flatten() if sched and hi0 + int(p) > sched[0][0][0]]
+             if eager else [] for b, sched in enumerate(schedules)]
     steps = 0
     while True:
         writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
         for b in range(B):
             w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
+            if stale[b]:
+                undone = min((p for (island, _), flags in zip(schedules[b], done[b])
+                              for p, f in zip(island, flags) if not f), default=n + hi0)
+                final = [p for p in stale[b] if p < undone]
+                w |= {p: int(high[b, p]) for p in final}
+                counts["refreshed"] += len(final)
+                stale[b] = stale[b][len(final):]
             t = [(island[i], j, i) for j, (island, blockers) in enumerate(schedules[b]) for i in range(len(island))
                  if not done[b][j][i] and all(done[b][j][k] for k in blockers[i])]
             for u, j, _ in t:
