@@ -119,7 +119,8 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
         row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
-               "radius": "" if p.radius is None else p.radius, "variant": p.variant or "", "wall_s": sum(c["wall_s"] for c in cells),
+               "radius": "" if p.radius is None else p.radius, "variant": p.variant or "",
+               "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),

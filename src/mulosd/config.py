@@ -261,13 +261,14 @@ class InferConfig:
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"
-    resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
+    # defaults from docs/bench_r2_400_zip: 2.6x over ar at radius 1 (raster islands and serial drafting: 1.3x)
+    resample: str = "zipar"  # parallel | serial | zipar (an island's rows advance together)
     resample_window: int = 2  # ZipAR window for resample=zipar
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context until resampled
-    kv_refresh: str = "eager"  # eager | round (see decoding/mulosd.py: stale K/V of accepted positions)
-    draft_rows: int = 1
-    draft: str = "serial"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
-    draft_window: int = 4  # ZipAR window for draft=zipar
+    kv_refresh: str = "round"  # round | eager (see decoding/mulosd.py; eager measured no better)
+    draft_rows: int = 4
+    draft: str = "zipar"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
+    draft_window: int = 1  # ZipAR window for draft=zipar
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # baselines
     gamma: int = 4  # sd / lantern draft length

@@ -16,10 +16,12 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
 
 Stale KV entries. The verification forward writes K/V for every drafted position; those of accepted positions
 after t0 were computed with rejected drafts in their context. The rule: rejected positions are un-filled at
-once (they never leak), accepted ones stay as they are while the islands resample (counted as `stale_kv`),
-and the next round's verification forward rewrites the whole committed previous block together with the new
-draft, in the same single forward, so every later round sees exact entries (counted as `refreshed`). The
-drafter's cache is exact: it re-reads the down-sampled committed block.
+once (`keep_rejected=true` leaves them as placeholders until resampled, an ablation); accepted ones after t0
+are counted as `stale_kv`; with `kv_refresh=eager` each is rewritten in the first resampling forward after
+every position before it is final (a few more tokens in forwards that run anyway, no extra step), with
+`round` they wait; either way the next round's verification forward rewrites the whole committed previous
+block together with the new draft, in the same single forward, so every later round sees exact entries (all
+rewrites counted as `refreshed`). The drafter's cache is exact: it re-reads the down-sampled committed block.
 
 Randomness: the verifier samples position p with the same key AR uses, (seed, image, p); the drafter draws
 with its own stream. Hence `tau > 1` with serial resampling reproduces `ar` token for token, and `tau = 0`
@@ -51,7 +53,7 @@ class MuLoSDConfig:
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context as placeholders until resampled
-    kv_refresh: str = "eager"  # eager | round: when accepted positions after t0 get K/V from their final context
+    kv_refresh: str = "round"  # round | eager: when accepted positions after t0 get K/V from their final context
     resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar: (i, j) waits for (i-1, j+w-1)
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
@@ -190,9 +192,9 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     positions go one per step in raster order (islands side by side); `serial`: all of R_X as one island;
     `zipar`: an island's rows advance together, u = (i, j) waiting only for the island's earlier positions in
     row i and those of earlier rows up to column j + window - 1 (ZipAR's rule, decode_zipar's window: what it
-    does not wait for is a hole in its context). A row start whose predecessor, the previous row's end, is still to be
-    resampled is queried through a provisional slot, as decode_zipar does: the previous row's latest final
-    token written there, rewritten with the real one once sampled (counted as `provisional_kv`).
+    does not wait for is a hole in its context). A row start whose predecessor, the previous row's end, is
+    still to be resampled is queried through a provisional slot, as decode_zipar does: the previous row's
+    latest final token written there, rewritten with the real one once sampled (counted as `provisional_kv`).
     The first position of R_X, t0, needs no query: its context is committed and unchanged, so the
     verification forward's distribution is exact. An image with nothing to do in a step rewrites a position
     whose context is final (a no-op), so an image decodes the same alone and in a batch."""
@@ -201,12 +203,13 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     reach = window - 1 if mode == "zipar" else G  # a full-row reach waits for every earlier position: raster
     schedules = []  # per image: per island, (positions, blockers: for each position the indices it waits for)
     for b in range(B):
-        isl = [[hi0 + int(p) for p in island] for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
+        isl = [[hi0 + int(p) for p in island]
+               for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
         if mode == "serial" and isl:
             isl = [sorted(p for island in isl for p in island)]
-        schedules.append([(island, [[k for k, v in enumerate(island[:i])
-                                     if v // G == u // G or v % G <= u % G + reach or (v == u - 1 and mode != "zipar")]
-                                    for i, u in enumerate(island)]) for island in isl])
+        schedules.append([(island, [[k for k, v in enumerate(island[:i]) if v // G == u // G or v % G <= u % G + reach
+                                     or (v == u - 1 and mode != "zipar")] for i, u in enumerate(island)])
+                          for island in isl])
     done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
     unwritten: list[set[int]] = [set() for _ in range(B)]
     for b in range(B):  # t0 first, straight from the verification forward (islands are sorted by start)
@@ -227,8 +230,8 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
         for b in range(B):
             w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
             if stale[b]:
-                undone = min((p for (island, _), flags in zip(schedules[b], done[b])
-                              for p, f in zip(island, flags) if not f), default=n + hi0)
+                undone = min((p for (island, _), flags in zip(schedules[b], done[b], strict=True)
+                              for p, f in zip(island, flags, strict=True) if not f), default=n + hi0)
                 final = [p for p in stale[b] if p < undone]
                 w |= {p: int(high[b, p]) for p in final}
                 counts["refreshed"] += len(final)
@@ -238,7 +241,7 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             for u, j, _ in t:
                 island, flags = schedules[b][j][0], done[b][j]
                 if u - 1 in island and not flags[island.index(u - 1)]:  # a row start ahead of its predecessor
-                    row = [p for p, f in zip(island, flags) if p // G == (u - 1) // G and not f]
+                    row = [p for p, f in zip(island, flags, strict=True) if p // G == (u - 1) // G and not f]
                     latest = row[0] - 1  # the previous row's last final token
                     w[u - 1] = int(high[b, latest])
                     counts["provisional_kv"] += sum(p // G == u // G for p in island) - 1  # the row's others
