@@ -39,7 +39,7 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import DRAFT
 from ..ar.sampling import sample
 from .acceptance import pooled_accept
-from .islands import expand, raster_linked_islands
+from .islands import expand, first_rejected, raster_linked_islands
 from .trace import Round, Trace
 from .zipar import zipar_rows
 
@@ -151,12 +151,12 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         drafted_low, drafted_high = low.cpu().clone(), high.cpu().clone()
         if not cfg.keep_rejected:
             verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
-        t0 = torch.where(redo.any(1), redo.float().argmax(1), torch.full((B,), rows * G, device=device))
-        stale = accepted & ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])
+        t0 = first_rejected(redo.view(B, rows, G))
+        stale = ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])  # accepted after t0
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
         steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
-                           cfg.kv_refresh == "eager", trace.counts)
+                           stale if cfg.kv_refresh == "eager" else None, trace.counts)
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -182,10 +182,11 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
-              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int, eager: bool,
-              counts: dict) -> int:
+              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int,
+              refresh: torch.Tensor | None, counts: dict) -> int:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
-    number of sequential verifier forwards.
+    number of sequential verifier forwards. `refresh` [B, n]: the accepted positions after t0 to rewrite once
+    their context is final (kv_refresh=eager), or None.
 
     Each step queries, per island, every position u that is ready: one forward writes u's predecessor (whose
     output is u's distribution) and the tokens sampled in the previous step. `parallel`: an island's
@@ -207,9 +208,8 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
                for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
         if mode == "serial" and isl:
             isl = [sorted(p for island in isl for p in island)]
-        schedules.append([(island, [[k for k, v in enumerate(island[:i]) if v // G == u // G or v % G <= u % G + reach
-                                     or (v == u - 1 and mode != "zipar")] for i, u in enumerate(island)])
-                          for island in isl])
+        schedules.append([(island, [[k for k, v in enumerate(island[:i]) if v // G == u // G or v % G <= u % G + reach]
+                                    for i, u in enumerate(island)]) for island in isl])
     done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
     unwritten: list[set[int]] = [set() for _ in range(B)]
     for b in range(B):  # t0 first, straight from the verification forward (islands are sorted by start)
@@ -222,8 +222,7 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
     # in the first forward after every position before it is final (no extra forward: the ones that become
     # final only with the round's last samples are rewritten by the next round's verification forward)
-    stale = [[hi0 + int(p) for p in torch.nonzero(~redo[b]).flatten() if sched and hi0 + int(p) > sched[0][0][0]]
-             if eager else [] for b, sched in enumerate(schedules)]
+    stale = [[] if refresh is None else (hi0 + torch.nonzero(refresh[b]).flatten()).tolist() for b in range(B)]
     steps = 0
     while True:
         writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
