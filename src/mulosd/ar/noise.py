@@ -34,11 +34,15 @@ def _lowbias32(x: torch.Tensor) -> torch.Tensor:
 
 def hash32(*words: torch.Tensor | int) -> torch.Tensor:
     """A 32-bit hash of the broadcast key words (each taken mod 2**32)."""
-    h = torch.tensor(0x9E3779B9, dtype=torch.int64)
+    h: torch.Tensor | int = 0x9E3779B9
     for w in words:
+        # leading Python ints (seed, stream) fold in plain integers: same values, no tensor ops per call
+        if isinstance(h, int) and isinstance(w, int):
+            h = _lowbias32((h ^ w) & MASK32)
+            continue
         w = torch.as_tensor(w, dtype=torch.int64) & MASK32
-        h = _lowbias32((h ^ w) & MASK32)
-    return h
+        h = _lowbias32((torch.as_tensor(h, dtype=torch.int64) ^ w) & MASK32)
+    return torch.as_tensor(h, dtype=torch.int64)
 
 
 def uniform(seed: int, images: torch.Tensor, positions: torch.Tensor, stream: int, size: int | None = None):

@@ -212,13 +212,12 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
                                     for i, u in enumerate(island)]) for island in isl])
     done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
     unwritten: list[set[int]] = [set() for _ in range(B)]
-    for b in range(B):  # t0 first, straight from the verification forward (islands are sorted by start)
-        if schedules[b]:
-            t0 = schedules[b][0][0][0]
-            high[b, t0] = sample(logp[b:b + 1, t0 - hi0:t0 - hi0 + 1], seed, ids[b:b + 1],
-                                 torch.tensor([[t0]], device=high.device))[0, 0]
-            unwritten[b].add(t0)
-            done[b][0][0] = True
+    # t0 first, straight from the verification forward (islands are sorted by start)
+    firsts = [(b, sched[0][0][0]) for b, sched in enumerate(schedules) if sched]
+    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], seed, ids)
+    for b, t0 in firsts:
+        unwritten[b].add(t0)
+        done[b][0][0] = True
     # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
     # in the first forward after every position before it is final (no extra forward: the ones that become
     # final only with the round's last samples are rewritten by the next round's verification forward)
@@ -261,10 +260,19 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
         out = warp(verifier(pos, tok), warpers)
         steps += 1
+        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], seed, ids)
         for b in range(B):
             unwritten[b].difference_update(p for p, _ in writes[b])
-            for u, j, i, k in targets[b]:
-                high[b, u] = sample(out[b:b + 1, k:k + 1], seed, ids[b:b + 1],
-                                    torch.tensor([[u]], device=high.device))[0, 0]
+            for u, j, i, _ in targets[b]:
                 unwritten[b].add(u)
                 done[b][j][i] = True
+
+
+def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], seed: int,
+               ids: torch.Tensor) -> None:
+    """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
+    keyed by (image, u), so the tokens are those of one draw per position."""
+    if not picks:
+        return
+    b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
+    high[b, u] = sample(logp[b, k][:, None], seed, ids[b], u[:, None])[:, 0]
