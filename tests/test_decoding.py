@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
+from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
 from mulosd.decoding.acceptance import pooled_accept, pooled_mass, residual
@@ -90,6 +90,19 @@ def test_tau_zero_returns_the_upsampled_draft():
         assert torch.equal(u.up(r.low_draft.view(3, 4, 4)[:, :k + 1]), c)
 
 
+def test_draft_temperature_zero_drafts_the_drafters_mode():
+    _, drafter, enc, u, _, _ = MODELS
+    mode, _ = decode_ar(ARBackbone(drafter, enc, 2.0), CAPTIONS, seed=5, warpers=Warpers(temperature=0))
+    one_round = {"tau": 0.0, "draft_rows": 4}  # the whole low-res image in one round, every draft accepted
+    got, trace = _mulosd(MuLoSDConfig(draft_temperature=0.0, **one_round))
+    assert torch.equal(trace.rounds[0].low_draft.view(3, 4, 4), mode) and torch.equal(got, u.up(mode))
+    # the drafter's temperature only: the verifier samples as before (everything rejected -> ar's tokens)
+    sampled = _mulosd(MuLoSDConfig(**one_round))[1].rounds[0].low_draft.view(3, 4, 4)
+    assert not torch.equal(sampled, mode)
+    cold = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_temperature=0.0))[0]
+    assert torch.equal(cold, decode_ar(ARBackbone(MODELS[0], enc, 2.0), CAPTIONS, seed=5)[0])
+
+
 @pytest.mark.parametrize("tau", [0.02, 0.1])
 def test_an_image_is_the_same_alone_and_in_a_batch(tau):
     cfg = MuLoSDConfig(tau=tau, radius=1)
@@ -154,7 +167,8 @@ def test_pooled_acceptance_by_hand():
 
 @pytest.mark.parametrize("bad", [{"tau": float("nan")}, {"tau": -0.1}, {"delta": 1.5}, {"radius": -1},
                                  {"rejection": "diagonal"}, {"resample": "zigzag"}, {"resample_window": 0},
-                                 {"draft_rows": 0}, {"pool_k": -2}])
+                                 {"draft_rows": 0}, {"pool_k": -2}, {"draft_temperature": -0.5},
+                                 {"draft_temperature": float("nan")}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         MuLoSDConfig(**bad)

@@ -269,6 +269,7 @@ class InferConfig:
     draft_rows: int = 4
     draft: str = "zipar"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
     draft_window: int = 1  # ZipAR window for draft=zipar
+    draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # baselines
     gamma: int = 4  # sd / lantern draft length

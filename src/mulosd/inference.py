@@ -140,6 +140,7 @@ class Models:
         ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius,
                           rejection=cfg.rejection, resample=cfg.resample, resample_window=cfg.resample_window,
                           draft_rows=cfg.draft_rows, draft=cfg.draft, draft_window=cfg.draft_window,
+                          draft_temperature=cfg.draft_temperature,
                           relative=cfg.relative, kv_refresh=cfg.kv_refresh, keep_rejected=cfg.keep_rejected)
         drafter = ARBackbone(self.drafter, self.drafter_encoder, self.cfg_scale)
         return decode_mulosd(verifier, drafter, self.up, self.down, captions, self.neighbours, ml, **common)

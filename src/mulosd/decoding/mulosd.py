@@ -31,7 +31,7 @@ returns the up-sampled draft.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -58,6 +58,7 @@ class MuLoSDConfig:
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
     draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
+    draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
     relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
 
     def __post_init__(self):
@@ -83,6 +84,8 @@ class MuLoSDConfig:
             raise ValueError(f"draft_window must be >= 1, got {self.draft_window}")
         if self.draft_rows < 1:
             raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
+        if self.draft_temperature is not None and not (self.draft_temperature >= 0):
+            raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
 
 
 def _sample_draft(logits, warpers, seed, ids, pos):
@@ -99,6 +102,9 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     `accept(logp [B,n,V], draft [B,n]) -> bool [B,n]` replaces pooled acceptance (the GPU cost model forces
     acceptance rates with it)."""
     warpers = warpers or Warpers()
+    # the drafter proposes; only the verifier's test decides what stays, so the drafter may draw colder than the
+    # verifier samples: its mode is where pooled acceptance is likeliest (docs/bench_r2_draft_t)
+    draft_warpers = warpers if cfg.draft_temperature is None else replace(warpers, temperature=cfg.draft_temperature)
     B, G, g = len(captions), verifier.grid, drafter.grid
     if G % g:
         raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
@@ -128,7 +134,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
             steps += 1
         window = g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
         steps += zipar_rows(drafter, low, k * d, d, window, lq,
-                            lambda logits, pos: _sample_draft(logits, warpers, seed, ids, pos), trace.counts)
+                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos), trace.counts)
         # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
         draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
         trace.counts["up_calls"] += 1
