@@ -102,8 +102,9 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     `accept(logp [B,n,V], draft [B,n]) -> bool [B,n]` replaces pooled acceptance (the GPU cost model forces
     acceptance rates with it)."""
     warpers = warpers or Warpers()
-    # the drafter proposes; only the verifier's test decides what stays, so the drafter may draw colder than the
-    # verifier samples: its mode is where pooled acceptance is likeliest (docs/bench_r2_draft_t)
+    # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the verifier
+    # samples: more of its drafts pass (0.5: 43% -> 50% accepted, 2.75x -> 2.90x), at a GenEval cost too small to
+    # resolve on 2000 prompts (-0.008 +- 0.019; README "Results")
     draft_warpers = warpers if cfg.draft_temperature is None else replace(warpers, temperature=cfg.draft_temperature)
     B, G, g = len(captions), verifier.grid, drafter.grid
     if G % g:
