@@ -34,15 +34,13 @@ def _lowbias32(x: torch.Tensor) -> torch.Tensor:
 
 def hash32(*words: torch.Tensor | int) -> torch.Tensor:
     """A 32-bit hash of the broadcast key words (each taken mod 2**32)."""
-    h: torch.Tensor | int = 0x9E3779B9
-    for w in words:
-        # leading Python ints (seed, stream) fold in plain integers: same values, no tensor ops per call
-        if isinstance(h, int) and isinstance(w, int):
-            h = _lowbias32((h ^ w) & MASK32)
-            continue
-        w = torch.as_tensor(w, dtype=torch.int64) & MASK32
-        h = _lowbias32((torch.as_tensor(h, dtype=torch.int64) ^ w) & MASK32)
-    return torch.as_tensor(h, dtype=torch.int64)
+    h, i = 0x9E3779B9, 0
+    while i < len(words) and isinstance(words[i], int):  # leading Python ints (seed, stream): plain integers,
+        h, i = _lowbias32((h ^ words[i]) & MASK32), i + 1  # the same values without tensor ops per call
+    h = torch.tensor(h, dtype=torch.int64)
+    for w in words[i:]:
+        h = _lowbias32((h ^ (torch.as_tensor(w, dtype=torch.int64) & MASK32)) & MASK32)
+    return h
 
 
 def uniform(seed: int, images: torch.Tensor, positions: torch.Tensor, stream: int, size: int | None = None):
