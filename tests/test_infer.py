@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import ROOT
+import torch
+
+from .conftest import ROOT, compose_config
 
 
 def _infer(zoo, tmp_path, *extra, env=None):
@@ -42,7 +44,7 @@ def test_every_baseline_decodes_through_infer(tiny_zoo, tmp_path, decoding):
 @pytest.mark.parametrize("override,key", [
     ("tau=1.5", "tau"), ("tau=nan", "tau"), ("r=3", "r"), ("prompt=a purple unicorn", "prompt"),
     ("models.up=UP_OTHER", "models.up"), ("models.verifier=/nonexistent", "models.verifier"),
-    ("radius=-1", "radius"), ("stage=adversarial", "stage"),
+    ("radius=-1", "radius"), ("stage=adversarial", "stage"), ("draft_cfg_scale=-2", "draft_cfg_scale"),
 ])
 def test_bad_requests_fail_before_decoding_with_one_line(tiny_zoo, tmp_path, override, key):
     r = _infer(tiny_zoo, tmp_path, override.replace("UP_OTHER", str(tiny_zoo / "up_other")))
@@ -80,3 +82,31 @@ def test_prompts_decoded_across_two_processes_match_one_process_in_order(tiny_zo
         a, b = (np.asarray(Image.open(tmp_path / d / f"{i:03d}.png")) for d in ("one", "two"))
         assert np.array_equal(a, b), i
     assert (tmp_path / "two" / "grid.png").is_file()
+
+
+def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
+    """One tau=0 round drafts the whole low-res image greedily and serially: it is the drafter's greedy AR decode at
+    draft_cfg_scale, not at the verifier's scale, and the verifier's own guidance is untouched."""
+    from mulosd.ar import ARBackbone, Warpers
+    from mulosd.decoding import decode_ar
+    from mulosd.inference import Models
+
+    models = ["tokenizer=tok", "verifier=ar128", "drafter=ar64", "up=up", "down=down"]
+    base = [f"models.{k}={tiny_zoo / v}" for k, v in (m.split("=") for m in models)]
+    base += ["tau=0", "draft_temperature=0", "draft_rows=8", "draft=serial", "prompt=two crosses"]
+    captions, ids = ["two crosses", "a red circle"], torch.arange(2)
+
+    def first_draft(*extra):
+        cfg = compose_config("infer", base + list(extra))
+        m = Models(cfg, {"mulosd"})
+        assert m.drafter.cfg.grid == 8 and m.cfg_scale != 9.0  # one round holds the whole low-res grid
+        return m, m.decode("mulosd", cfg, captions, ids)[1].rounds[0].low_draft.view(2, 8, 8)
+
+    m, guided = first_draft("draft_cfg_scale=9.0")
+    greedy = Warpers(temperature=0)
+    want = decode_ar(ARBackbone(m.drafter, m.drafter_encoder, 9.0), captions, warpers=greedy, image_ids=ids)[0]
+    assert torch.equal(guided, want)
+    plain = first_draft()[1]
+    assert torch.equal(plain, decode_ar(ARBackbone(m.drafter, m.drafter_encoder, m.cfg_scale), captions,
+                                        warpers=greedy, image_ids=ids)[0])
+    assert not torch.equal(guided, plain)

@@ -270,6 +270,7 @@ class InferConfig:
     draft: str = "zipar"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
     draft_window: int = 1  # ZipAR window for draft=zipar
     draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
+    draft_cfg_scale: float | None = None  # the drafter's guidance scale; None = the verifier's
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # baselines
     gamma: int = 4  # sd / lantern draft length
@@ -462,7 +463,8 @@ def validate_infer(cfg: DictConfig) -> None:
         _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     for key in ("draft_rows", "gamma", "window", "draft_window", "resample_window"):
         _require(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
-    _require(cfg.cfg_scale is None or cfg.cfg_scale >= 0, "cfg_scale", f"must be >= 0, got {cfg.cfg_scale}")
+    for key in ("cfg_scale", "draft_cfg_scale"):  # NaN fails too
+        _require(cfg[key] is None or cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")
     _require(cfg.top_k is None or cfg.top_k >= 0, "top_k", "must be >= 0")
     _require(cfg.top_p is None or 0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
