@@ -8,7 +8,7 @@ import torch
 from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
-from mulosd.decoding.acceptance import pooled_accept, pooled_mass, residual
+from mulosd.decoding.acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
 from mulosd.decoding.islands import expand, islands, raster_linked_islands
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer.neighbours import neighbour_table
@@ -168,10 +168,52 @@ def test_pooled_acceptance_by_hand():
 @pytest.mark.parametrize("bad", [{"tau": float("nan")}, {"tau": -0.1}, {"delta": 1.5}, {"radius": -1},
                                  {"rejection": "diagonal"}, {"resample": "zigzag"}, {"resample_window": 0},
                                  {"draft_rows": 0}, {"pool_k": -2}, {"draft_temperature": -0.5},
-                                 {"draft_temperature": float("nan")}])
+                                 {"draft_temperature": float("nan")}, {"acceptance": "coin"},
+                                 {"acceptance": "sampled", "relative": True}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         MuLoSDConfig(**bad)
+
+
+def test_sampled_acceptance_chooses_the_drafts_pool_as_often_as_the_verifier_would():
+    """Accept with probability min(1, mass / tau), redraw outside the pool: at tau = 1 the pool a position ends
+    in is distributed as under p (checked over 20000 draws); below 1 a pool is kept more often."""
+    from mulosd.ar.noise import ACCEPT, uniform
+    from mulosd.ar.sampling import sample
+
+    p = torch.tensor([0.05, 0.3, 0.15, 0.1, 0.4])
+    neighbours = torch.tensor([[1, 2], [0, 2], [3, 1], [2, 4], [3, 2]])
+    n, draft = 20000, torch.zeros(1, 20000, dtype=torch.long)  # pool of code 0 with k = 1: {0, 1}, p = 0.35
+    logp = p.log().expand(1, n, -1)
+    pos = torch.arange(n)[None]
+    for tau, keep in ((1.0, 0.35), (0.7, 0.5)):
+        acc = sampled_accept(logp, draft, neighbours, 1, tau, uniform(3, torch.tensor([0]), pos, ACCEPT))[0]
+        redrawn = sample(outside_pool(logp[0], draft[0], neighbours, 1)[None], 3, torch.tensor([0]), pos)[0]
+        assert not ((redrawn == 0) | (redrawn == 1)).any(), "a redraw never lands in the rejected pool"
+        final = torch.where(acc, draft[0], redrawn)
+        assert (final <= 1).float().mean().item() == pytest.approx(keep, abs=0.015)
+        outside = torch.bincount(final[final > 1], minlength=5)[2:].double()
+        assert torch.allclose(outside / outside.sum(), p[2:].double() / p[2:].sum(), atol=0.02)  # p outside the pool
+    assert sampled_accept(logp, draft, neighbours, 1, 0.0, torch.full((1, n), 0.999)).all()  # tau 0: every draft
+    whole = torch.tensor([[0.6, 0.4, 0.0, 0.0, 0.0]]).log()  # no mass outside the pool: p is kept
+    assert torch.equal(outside_pool(whole, torch.tensor([0]), neighbours, 1), whole)
+
+
+def test_sampled_acceptance_redraws_rejected_positions_outside_their_drafts_pool():
+    verifier, _, enc, u, _, nb = MODELS
+    cfg = MuLoSDConfig(tau=1.0, pool_k=4, radius=1, acceptance="sampled", resample="zipar", draft_rows=2)
+    got, trace = _mulosd(cfg)
+    redrawn = 0
+    for r in trace.rounds:
+        rejected = r.rejected.view(3, 64)
+        pool = torch.cat([r.high_draft[..., None], nb[r.high_draft][..., :4]], dim=-1)
+        assert not (pool == got.view(3, 64, 1)).any(-1)[rejected].any()
+        redrawn += int(rejected.sum())
+    assert 0 < redrawn < 3 * 64  # some drafts accepted, some redrawn
+    assert trace.counts["accepted"] > 0
+    alone, _ = _mulosd(cfg, captions=CAPTIONS[2:], image_ids=torch.tensor([2]))
+    assert torch.equal(alone[0], got[2])
+    assert torch.equal(_mulosd(MuLoSDConfig(tau=0.0, acceptance="sampled"))[0], _mulosd(MuLoSDConfig(tau=0.0))[0])
 
 
 def test_draft_rows_must_divide_the_drafter_grid():

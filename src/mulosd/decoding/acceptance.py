@@ -4,6 +4,11 @@ top-k / top-p, as it would be sampled).
 - `pooled`: MuLo-SD's rule, accept x~ when sum over B_k(x~) of p >= tau, B_k = x~ and its k nearest codes
   (the tokenizer's neighbour table). An optional total-variation cap delta (LANTERN's idea) limits how much
   of the neighbours' mass may count; `relative` measures against the same mass at p's mode instead of 1.
+- `sampled_accept`: the pooled test made a draw, as speculative sampling would with a drafter sure of its
+  pool: accept with probability min(1, pooled mass / tau), and on rejection draw outside B_k(x~)
+  (`outside_pool`). At tau = 1 the pool an accepted-or-redrawn position ends in is distributed as under p,
+  so a pool the verifier gives 10% is chosen 10% of the time even when every draft shows another one (the
+  threshold test keeps a background draft whose pool holds 90%: an object the drafter omitted stays omitted).
 - `speculative`: standard speculative sampling (lossless): accept with probability min(1, p(x~)/q(x~)),
   on rejection sample from norm(max(0, p - q)). LANTERN's relaxed variant replaces p(x~) by the pooled mass
   under the delta cap.
@@ -38,6 +43,20 @@ def pooled_accept(logp, draft, neighbours, k: int, tau: float, delta: float | No
     if relative:
         return mass >= tau * pooled_mass(logp, logp.argmax(-1), neighbours, k, delta)
     return mass >= tau
+
+
+def sampled_accept(logp, draft, neighbours, k: int, tau: float, u: torch.Tensor,
+                   delta: float | None = None) -> torch.Tensor:
+    """[B, n] bool: u <= mass / tau for uniforms u [B, n] in (0, 1); tau = 0 accepts every draft."""
+    return u * tau <= pooled_mass(logp, draft, neighbours, k, delta)
+
+
+def outside_pool(logp: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor, k: int) -> torch.Tensor:
+    """logp [m, V] with B_k(draft [m]) removed (-inf): where a rejected pooled draw is redrawn. A row whose
+    whole mass lies in the pool keeps p (a rejection there has probability 0 at tau = 1)."""
+    pool = torch.cat([draft[:, None], neighbours.to(draft.device)[draft][:, :k]], dim=1)
+    out = logp.scatter(-1, pool, -torch.inf)
+    return torch.where(out.isfinite().any(-1, keepdim=True), out, logp)
 
 
 def residual(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:

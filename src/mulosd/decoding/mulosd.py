@@ -6,7 +6,9 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
    forward (which also overwrites any provisional ZipAR slot: its context is always the verifier's image);
 2. U_r up-samples the low-res prefix (row-causal, so the new rows depend on committed rows and this draft);
 3. the verifier M_p checks the whole high-res block in one forward;
-4. pooled acceptance: sum over B_k(x~) of p >= tau (optional TVD cap delta);
+4. pooled acceptance: sum over B_k(x~) of p >= tau (optional TVD cap delta); `acceptance=sampled` accepts
+   with probability min(1, that mass / tau) instead and redraws a rejected position outside B_k(x~)
+   (acceptance.py);
 5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
    (`rejection=raster` takes every position from t0 on);
 6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
@@ -36,9 +38,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
-from ..ar.noise import DRAFT
+from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import pooled_accept
+from .acceptance import outside_pool, pooled_accept, sampled_accept
 from .islands import expand, first_rejected, raster_linked_islands
 from .trace import Round, Trace
 from .zipar import zipar_rows
@@ -60,6 +62,7 @@ class MuLoSDConfig:
     draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
     draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
     relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
+    acceptance: str = "threshold"  # threshold: mass >= tau | sampled: with probability min(1, mass / tau)
 
     def __post_init__(self):
         if not (self.tau >= 0):  # NaN fails too
@@ -86,6 +89,10 @@ class MuLoSDConfig:
             raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
         if self.draft_temperature is not None and not (self.draft_temperature >= 0):
             raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
+        if self.acceptance not in ("threshold", "sampled"):
+            raise ValueError(f"acceptance must be threshold or sampled, got {self.acceptance!r}")
+        if self.acceptance == "sampled" and self.relative:
+            raise ValueError("relative applies to acceptance=threshold only")
 
 
 def _sample_draft(logits, warpers, seed, ids, pos):
@@ -149,8 +156,14 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         steps += 1
         logp = warp(logits, warpers)
         # 4-5. pooled acceptance, local rejection with expansion
-        accepted = (pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
-                    if accept is None else accept(logp, draft))
+        sampled = cfg.acceptance == "sampled" and accept is None
+        if accept is not None:
+            accepted = accept(logp, draft)
+        elif sampled:
+            u = uniform(seed, ids, torch.arange(hi0, hi1, device=device).expand(B, -1), ACCEPT)
+            accepted = sampled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, u, cfg.delta)
+        else:
+            accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
         rejected = ~accepted
         rows = r * d
         redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
@@ -162,8 +175,11 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         stale = ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])  # accepted after t0
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
+        # a sampled rejection is redrawn outside the draft's pool; positions only grown into R_X draw from p
+        ban = (lambda b, i, lp: outside_pool(lp, draft[b, i], neighbours, cfg.pool_k)) if sampled else None
         steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
-                           stale if cfg.kv_refresh == "eager" else None, trace.counts)
+                           stale if cfg.kv_refresh == "eager" else None, trace.counts,
+                           None if ban is None else (rejected, ban))
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -190,7 +206,7 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
               warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int,
-              refresh: torch.Tensor | None, counts: dict) -> int:
+              refresh: torch.Tensor | None, counts: dict, outside=None) -> int:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
     number of sequential verifier forwards. `refresh` [B, n]: the accepted positions after t0 to rewrite once
     their context is final (kv_refresh=eager), or None.
@@ -221,7 +237,7 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
     unwritten: list[set[int]] = [set() for _ in range(B)]
     # t0 first, straight from the verification forward (islands are sorted by start)
     firsts = [(b, sched[0][0][0]) for b, sched in enumerate(schedules) if sched]
-    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], seed, ids)
+    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], seed, ids, hi0, outside)
     for b, t0 in firsts:
         unwritten[b].add(t0)
         done[b][0][0] = True
@@ -267,7 +283,7 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
         out = warp(verifier(pos, tok), warpers)
         steps += 1
-        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], seed, ids)
+        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], seed, ids, hi0, outside)
         for b in range(B):
             unwritten[b].difference_update(p for p, _ in writes[b])
             for u, j, i, _ in targets[b]:
@@ -276,10 +292,17 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
 
 
 def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], seed: int,
-               ids: torch.Tensor) -> None:
+               ids: torch.Tensor, hi0: int, outside=None) -> None:
     """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
-    keyed by (image, u), so the tokens are those of one draw per position."""
+    keyed by (image, u), so the tokens are those of one draw per position. `outside` = (rejected [B, n] of the
+    block starting at hi0, fn(b, i, logp) -> logp to draw from at block index i): a sampled rejection's
+    redraw."""
     if not picks:
         return
     b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
-    high[b, u] = sample(logp[b, k][:, None], seed, ids[b], u[:, None])[:, 0]
+    lp = logp[b, k]
+    if outside is not None:
+        rejected, redraw = outside
+        hit = rejected[b, u - hi0]
+        lp[hit] = redraw(b[hit], u[hit] - hi0, lp[hit])
+    high[b, u] = sample(lp[:, None], seed, ids[b], u[:, None])[:, 0]
