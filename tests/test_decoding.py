@@ -169,15 +169,16 @@ def test_pooled_acceptance_by_hand():
                                  {"rejection": "diagonal"}, {"resample": "zigzag"}, {"resample_window": 0},
                                  {"draft_rows": 0}, {"pool_k": -2}, {"draft_temperature": -0.5},
                                  {"draft_temperature": float("nan")}, {"acceptance": "coin"},
-                                 {"acceptance": "sampled", "relative": True}])
+                                 {"acceptance": "sampled", "relative": True},
+                                 {"acceptance": "ratio", "relative": True}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         MuLoSDConfig(**bad)
 
 
 def test_sampled_acceptance_chooses_the_drafts_pool_as_often_as_the_verifier_would():
-    """Accept with probability min(1, mass / tau), redraw outside the pool: at tau = 1 the pool a position ends
-    in is distributed as under p (checked over 20000 draws); below 1 a pool is kept more often."""
+    """Accept with probability min(1, mass / (tau q)), redraw outside the pool: at tau = 1 and q = 1 the pool a
+    position ends in is distributed as under p (checked over 20000 draws); below 1 a pool is kept more often."""
     from mulosd.ar.noise import ACCEPT, uniform
     from mulosd.ar.sampling import sample
 
@@ -186,8 +187,8 @@ def test_sampled_acceptance_chooses_the_drafts_pool_as_often_as_the_verifier_wou
     n, draft = 20000, torch.zeros(1, 20000, dtype=torch.long)  # pool of code 0 with k = 1: {0, 1}, p = 0.35
     logp = p.log().expand(1, n, -1)
     pos = torch.arange(n)[None]
-    for tau, keep in ((1.0, 0.35), (0.7, 0.5)):
-        acc = sampled_accept(logp, draft, neighbours, 1, tau, uniform(3, torch.tensor([0]), pos, ACCEPT))[0]
+    for tau, q, keep in ((1.0, None, 0.35), (0.7, None, 0.5), (1.0, torch.full((1, n), 0.5), 0.7)):
+        acc = sampled_accept(logp, draft, neighbours, 1, tau, uniform(3, torch.tensor([0]), pos, ACCEPT), q=q)[0]
         redrawn = sample(outside_pool(logp[0], draft[0], neighbours, 1)[None], 3, torch.tensor([0]), pos)[0]
         assert not ((redrawn == 0) | (redrawn == 1)).any(), "a redraw never lands in the rejected pool"
         final = torch.where(acc, draft[0], redrawn)
@@ -214,6 +215,18 @@ def test_sampled_acceptance_redraws_rejected_positions_outside_their_drafts_pool
     alone, _ = _mulosd(cfg, captions=CAPTIONS[2:], image_ids=torch.tensor([2]))
     assert torch.equal(alone[0], got[2])
     assert torch.equal(_mulosd(MuLoSDConfig(tau=0.0, acceptance="sampled"))[0], _mulosd(MuLoSDConfig(tau=0.0))[0])
+
+
+def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
+    """Same draft, same uniforms in the first round: dividing by the drafter's pooled mass q <= 1 only accepts
+    more, and where q < 1 somewhere strictly more."""
+    first = {}
+    for mode in ("sampled", "ratio"):
+        trace = _mulosd(MuLoSDConfig(tau=1.0, pool_k=4, acceptance=mode, draft_rows=2))[1]
+        first[mode] = trace.rounds[0]
+    assert torch.equal(first["sampled"].high_draft, first["ratio"].high_draft)
+    assert not (first["ratio"].rejected & ~first["sampled"].rejected).any()
+    assert (first["sampled"].rejected & ~first["ratio"].rejected).any()
 
 
 def test_draft_rows_must_divide_the_drafter_grid():

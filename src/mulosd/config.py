@@ -273,6 +273,7 @@ class InferConfig:
     draft_cfg_scale: float | None = None  # the drafter's guidance scale; None = the verifier's
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     acceptance: str = "threshold"  # threshold: pooled mass >= tau | sampled: with probability min(1, mass / tau)
+    #   | ratio: min(1, mass / (tau q)), q the drafter's pooled mass of the parent low-res token
     # baselines
     gamma: int = 4  # sd / lantern draft length
     lantern_k: int = 64
@@ -457,8 +458,8 @@ def validate_infer(cfg: DictConfig) -> None:
     _one_of(cfg.resample, ("parallel", "serial", "zipar"), "resample")
     _one_of(cfg.draft, ("serial", "zipar"), "draft")
     _one_of(cfg.kv_refresh, ("eager", "round"), "kv_refresh")
-    _one_of(cfg.acceptance, ("threshold", "sampled"), "acceptance")
-    _require(not (cfg.acceptance == "sampled" and cfg.relative), "relative", "applies to acceptance=threshold only")
+    _one_of(cfg.acceptance, ("threshold", "sampled", "ratio"), "acceptance")
+    _require(not (cfg.acceptance != "threshold" and cfg.relative), "relative", "applies to acceptance=threshold only")
     _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too
     _require(cfg.delta is None or 0 <= cfg.delta <= 1, "delta", f"must be in [0, 1] or null, got {cfg.delta}")
     _require(0 <= cfg.lantern_delta <= 1, "lantern_delta", f"must be in [0, 1], got {cfg.lantern_delta}")

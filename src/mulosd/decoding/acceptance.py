@@ -46,9 +46,11 @@ def pooled_accept(logp, draft, neighbours, k: int, tau: float, delta: float | No
 
 
 def sampled_accept(logp, draft, neighbours, k: int, tau: float, u: torch.Tensor,
-                   delta: float | None = None) -> torch.Tensor:
-    """[B, n] bool: u <= mass / tau for uniforms u [B, n] in (0, 1); tau = 0 accepts every draft."""
-    return u * tau <= pooled_mass(logp, draft, neighbours, k, delta)
+                   delta: float | None = None, q: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, n] bool: u <= mass / (tau q) for uniforms u [B, n] in (0, 1); q [B, n] the drafter's probability of
+    the draft's pool (None: 1, a drafter sure of it); tau = 0 accepts every draft."""
+    scale = tau if q is None else tau * q
+    return u * scale <= pooled_mass(logp, draft, neighbours, k, delta)
 
 
 def outside_pool(logp: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tensor, k: int) -> torch.Tensor:

@@ -40,7 +40,7 @@ import torch
 from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import outside_pool, pooled_accept, sampled_accept
+from .acceptance import outside_pool, pooled_accept, pooled_mass, sampled_accept
 from .islands import expand, first_rejected, raster_linked_islands
 from .trace import Round, Trace
 from .zipar import zipar_rows
@@ -62,7 +62,9 @@ class MuLoSDConfig:
     draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
     draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
     relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
-    acceptance: str = "threshold"  # threshold: mass >= tau | sampled: with probability min(1, mass / tau)
+    # threshold: mass >= tau | sampled: with probability min(1, mass / tau) | ratio: min(1, mass / (tau q)), q the
+    # drafter's pooled mass of the low-res token the position was up-sampled from
+    acceptance: str = "threshold"
 
     def __post_init__(self):
         if not (self.tau >= 0):  # NaN fails too
@@ -89,15 +91,21 @@ class MuLoSDConfig:
             raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
         if self.draft_temperature is not None and not (self.draft_temperature >= 0):
             raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
-        if self.acceptance not in ("threshold", "sampled"):
-            raise ValueError(f"acceptance must be threshold or sampled, got {self.acceptance!r}")
-        if self.acceptance == "sampled" and self.relative:
+        if self.acceptance not in ("threshold", "sampled", "ratio"):
+            raise ValueError(f"acceptance must be threshold, sampled or ratio, got {self.acceptance!r}")
+        if self.acceptance != "threshold" and self.relative:
             raise ValueError("relative applies to acceptance=threshold only")
 
 
-def _sample_draft(logits, warpers, seed, ids, pos):
-    """The drafter's own draw: Gumbel-max on its own noise stream (independent of the verifier's)."""
-    return sample(warp(logits, warpers), seed, ids, pos, stream=DRAFT)
+def _sample_draft(logits, warpers, seed, ids, pos, q_pool=None):
+    """The drafter's own draw: Gumbel-max on its own noise stream (independent of the verifier's).
+    `q_pool` = (mass [B, g*g], neighbours, k): record the drafter's pooled mass of each drawn token there."""
+    logq = warp(logits, warpers)
+    x = sample(logq, seed, ids, pos, stream=DRAFT)
+    if q_pool is not None:
+        mass, neighbours, k = q_pool
+        mass.scatter_(1, pos, pooled_mass(logq, x, neighbours, k).to(mass.dtype))
+    return x
 
 
 @torch.no_grad()
@@ -127,6 +135,10 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     trace.counts = {"drafted": 0, "accepted": 0, "resampled": 0, "stale_kv": 0, "refreshed": 0, "up_calls": 0,
                     "down_calls": 0, "provisional_kv": 0}
     low = torch.zeros(B, g * g, dtype=torch.long, device=device)
+    q_pool = (torch.ones(B, g * g, device=device), neighbours, cfg.pool_k) if cfg.acceptance == "ratio" else None
+    # each high-res position's parent on the low-res grid (U_r maps a low-res token to an r x r patch)
+    parent = torch.arange(G * G, device=device)
+    parent = (parent // G // r) * g + (parent % G) // r
     high = torch.zeros(B, G * G, dtype=torch.long, device=device)
     lq = drafter.start(captions)
     lp = verifier.start(captions)
@@ -142,7 +154,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
             steps += 1
         window = g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
         steps += zipar_rows(drafter, low, k * d, d, window, lq,
-                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos), trace.counts)
+                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos, q_pool), trace.counts)
         # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
         draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
         trace.counts["up_calls"] += 1
@@ -156,12 +168,13 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         steps += 1
         logp = warp(logits, warpers)
         # 4-5. pooled acceptance, local rejection with expansion
-        sampled = cfg.acceptance == "sampled" and accept is None
+        sampled = cfg.acceptance in ("sampled", "ratio") and accept is None
         if accept is not None:
             accepted = accept(logp, draft)
         elif sampled:
             u = uniform(seed, ids, torch.arange(hi0, hi1, device=device).expand(B, -1), ACCEPT)
-            accepted = sampled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, u, cfg.delta)
+            q = None if q_pool is None else q_pool[0][:, parent[hi0:hi1]]
+            accepted = sampled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, u, cfg.delta, q)
         else:
             accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
         rejected = ~accepted
