@@ -5,7 +5,7 @@ import re
 import subprocess
 import sys
 
-from .conftest import ROOT
+from .conftest import ROOT, compose_config
 
 
 def _bench(zoo, out, *extra):
@@ -53,3 +53,14 @@ def test_bench_refuses_bad_grids(tiny_zoo, tmp_path):
                           ("+variants.z={tua:0.1}", "variants.z.tua")):
         r = _bench(tiny_zoo, tmp_path, override)
         assert r.returncode == 2 and f"error: {key}" in r.stderr, (override, r.stderr[-500:])
+
+
+def test_a_variant_that_sets_tau_is_measured_at_its_own_tau():
+    from mulosd.bench import _infer_cfg, grid
+
+    cfg = compose_config("bench", ["strategies=[mulosd]", "rs=[2]", "taus=[0.05,0.1]", "radii=[1]",
+                                   "+variants.base={}", "+variants.ratio={acceptance:ratio,tau:0.5}"])
+    points = {p.name: p for p in grid(cfg)}
+    assert set(points) == {"ar", "mulosd_r2_tau0.05_l1_base", "mulosd_r2_tau0.1_l1_base", "mulosd_r2_tau0.5_l1_ratio"}
+    c = _infer_cfg(cfg, points["mulosd_r2_tau0.5_l1_ratio"])
+    assert c.tau == 0.5 and c.acceptance == "ratio" and c.r == 2 and c.radius == 1

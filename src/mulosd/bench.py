@@ -45,8 +45,12 @@ class Point:
 def grid(cfg: DictConfig) -> list[Point]:
     points = [Point("ar")] + [Point(s) for s in cfg.strategies if s in BASELINES]
     if "mulosd" in cfg.strategies:
-        points += [Point("mulosd", r, float(t), rad, v) for v in (list(cfg.variants) or [None]) for r in cfg.rs
-                   for t in cfg.taus for rad in cfg.radii]
+        for v in list(cfg.variants) or [None]:
+            # a variant that sets r, tau or radius itself is measured at that value only, not over the grid's
+            own = cfg.variants[v] if v else {}
+            pick = lambda key, values: [own[key]] if key in own else values  # noqa: E731
+            points += [Point("mulosd", r, float(t), rad, v) for r in pick("r", cfg.rs)
+                       for t in pick("tau", cfg.taus) for rad in pick("radius", cfg.radii)]
     return points
 
 
