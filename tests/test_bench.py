@@ -13,6 +13,7 @@ def _bench(zoo, out, *extra):
             f"infer.models.drafter={zoo / 'ar64'}", f"infer.models.small={zoo / 'small'}",
             f"infer.models.up={zoo / 'up'}", f"infer.models.down={zoo / 'down'}", f"out_dir={out}",
             f"hydra.run.dir={out / 'h'}", "n_prompts=4", "batch_size=2", "rs=[2]", "taus=[0.0,1.0]", "radii=[1]",
+            "infer.acceptance=threshold",  # tau 1 rejects every draft under the threshold test
             *extra]
     return subprocess.run([sys.executable, "bench.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
 

@@ -227,6 +227,10 @@ def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
     assert torch.equal(first["sampled"].high_draft, first["ratio"].high_draft)
     assert not (first["ratio"].rejected & ~first["sampled"].rejected).any()
     assert (first["sampled"].rejected & ~first["ratio"].rejected).any()
+    cfg = MuLoSDConfig(tau=0.5, pool_k=4, acceptance="ratio", resample="zipar", draft_rows=2)
+    batch, _ = _mulosd(cfg)
+    alone, _ = _mulosd(cfg, captions=CAPTIONS[1:2], image_ids=torch.tensor([1]))
+    assert torch.equal(alone[0], batch[1])
 
 
 def test_draft_rows_must_divide_the_drafter_grid():

@@ -8,9 +8,8 @@ import sys
 
 import numpy as np
 import pytest
-from PIL import Image
-
 import torch
+from PIL import Image
 
 from .conftest import ROOT, compose_config
 

@@ -48,9 +48,9 @@ def grid(cfg: DictConfig) -> list[Point]:
         for v in list(cfg.variants) or [None]:
             # a variant that sets r, tau or radius itself is measured at that value only, not over the grid's
             own = cfg.variants[v] if v else {}
-            pick = lambda key, values: [own[key]] if key in own else values  # noqa: E731
-            points += [Point("mulosd", r, float(t), rad, v) for r in pick("r", cfg.rs)
-                       for t in pick("tau", cfg.taus) for rad in pick("radius", cfg.radii)]
+            rs, taus, radii = ([own[k]] if k in own else cfg[k2] for k, k2 in
+                               (("r", "rs"), ("tau", "taus"), ("radius", "radii")))
+            points += [Point("mulosd", r, float(t), rad, v) for r in rs for t in taus for rad in radii]
     return points
 
 

@@ -272,8 +272,10 @@ class InferConfig:
     draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
     draft_cfg_scale: float | None = None  # the drafter's guidance scale; None = the verifier's
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
-    acceptance: str = "threshold"  # threshold: pooled mass >= tau | sampled: with probability min(1, mass / tau)
-    #   | ratio: min(1, mass / (tau q)), q the drafter's pooled mass of the parent low-res token
+    # threshold: pooled mass >= tau (the paper) | sampled: with probability min(1, mass / tau) | ratio: min(1,
+    # mass / (tau q)), q the drafter's pooled mass of the parent low-res token. ratio at tau 0.05 measured 8% faster
+    # than threshold at equal GenEval (+0.004 +- 0.019, 2000 prompts; README "Results")
+    acceptance: str = "ratio"
     # baselines
     gamma: int = 4  # sd / lantern draft length
     lantern_k: int = 64

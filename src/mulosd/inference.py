@@ -140,8 +140,8 @@ class Models:
         ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius,
                           rejection=cfg.rejection, resample=cfg.resample, resample_window=cfg.resample_window,
                           draft_rows=cfg.draft_rows, draft=cfg.draft, draft_window=cfg.draft_window,
-                          draft_temperature=cfg.draft_temperature,
-                          relative=cfg.relative, acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh, keep_rejected=cfg.keep_rejected)
+                          draft_temperature=cfg.draft_temperature, relative=cfg.relative,
+                          acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh, keep_rejected=cfg.keep_rejected)
         # the drafter only proposes, so it may be guided harder than the verifier samples (README "Results")
         draft_scale = self.cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
         drafter = ARBackbone(self.drafter, self.drafter_encoder, draft_scale)

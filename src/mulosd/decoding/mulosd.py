@@ -154,7 +154,8 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
             steps += 1
         window = g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
         steps += zipar_rows(drafter, low, k * d, d, window, lq,
-                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos, q_pool), trace.counts)
+                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos, q_pool),
+                            trace.counts)
         # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
         draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
         trace.counts["up_calls"] += 1
@@ -189,7 +190,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
         # a sampled rejection is redrawn outside the draft's pool; positions only grown into R_X draw from p
-        ban = (lambda b, i, lp: outside_pool(lp, draft[b, i], neighbours, cfg.pool_k)) if sampled else None
+        ban = (lambda b, i, lp, d=draft: outside_pool(lp, d[b, i], neighbours, cfg.pool_k)) if sampled else None
         steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
                            stale if cfg.kv_refresh == "eager" else None, trace.counts,
                            None if ban is None else (rejected, ban))
