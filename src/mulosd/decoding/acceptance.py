@@ -9,6 +9,8 @@ top-k / top-p, as it would be sampled).
   (`outside_pool`). At tau = 1 the pool an accepted-or-redrawn position ends in is distributed as under p,
   so a pool the verifier gives 10% is chosen 10% of the time even when every draft shows another one (the
   threshold test keeps a background draft whose pool holds 90%: an object the drafter omitted stays omitted).
+  Given q, the drafter's own probability of the pool, it accepts with min(1, mass / (tau q)) instead
+  (MuLo-SD's `acceptance=ratio`): speculative sampling's p / q at pool level.
 - `speculative`: standard speculative sampling (lossless): accept with probability min(1, p(x~)/q(x~)),
   on rejection sample from norm(max(0, p - q)). LANTERN's relaxed variant replaces p(x~) by the pooled mass
   under the delta cap.

@@ -7,8 +7,9 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
 2. U_r up-samples the low-res prefix (row-causal, so the new rows depend on committed rows and this draft);
 3. the verifier M_p checks the whole high-res block in one forward;
 4. pooled acceptance: sum over B_k(x~) of p >= tau (optional TVD cap delta); `acceptance=sampled` accepts
-   with probability min(1, that mass / tau) instead and redraws a rejected position outside B_k(x~)
-   (acceptance.py);
+   with probability min(1, that mass / tau) instead, `acceptance=ratio` with min(1, mass / (tau q)), q the
+   drafter's pooled mass of the low-res token x~ was up-sampled from, and both redraw a rejected position
+   outside B_k(x~) (acceptance.py);
 5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
    (`rejection=raster` takes every position from t0 on);
 6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
