@@ -191,10 +191,9 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
         # a sampled rejection is redrawn outside the draft's pool; positions only grown into R_X draw from p
-        ban = (lambda b, i, lp, d=draft: outside_pool(lp, d[b, i], neighbours, cfg.pool_k)) if sampled else None
         steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
                            stale if cfg.kv_refresh == "eager" else None, trace.counts,
-                           None if ban is None else (rejected, ban))
+                           (rejected, draft, neighbours, cfg.pool_k) if sampled else None)
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -309,15 +308,15 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
 def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], seed: int,
                ids: torch.Tensor, hi0: int, outside=None) -> None:
     """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
-    keyed by (image, u), so the tokens are those of one draw per position. `outside` = (rejected [B, n] of the
-    block starting at hi0, fn(b, i, logp) -> logp to draw from at block index i): a sampled rejection's
-    redraw."""
+    keyed by (image, u), so the tokens are those of one draw per position. `outside` = (rejected [B, n] and
+    draft [B, n] of the block starting at hi0, neighbours, k): a sampled rejection is drawn outside B_k(draft)."""
     if not picks:
         return
     b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
     lp = logp[b, k]
     if outside is not None:
-        rejected, redraw = outside
-        hit = rejected[b, u - hi0]
-        lp[hit] = redraw(b[hit], u[hit] - hi0, lp[hit])
+        rejected, draft, neighbours, k_pool = outside
+        i = u - hi0
+        hit = rejected[b, i]
+        lp[hit] = outside_pool(lp[hit], draft[b[hit], i[hit]], neighbours, k_pool)
     high[b, u] = sample(lp[:, None], seed, ids[b], u[:, None])[:, 0]
