@@ -43,11 +43,11 @@ def _mulosd(cfg, captions=CAPTIONS, up=None, **kw):
                          captions, nb, cfg, seed=5, **kw)
 
 
-@pytest.mark.parametrize("resample", ["serial", "parallel"])
-def test_everything_rejected_reproduces_plain_ar(resample):
+@pytest.mark.parametrize("resample,refresh", [("serial", "round"), ("parallel", "round"), ("serial", "none")])
+def test_everything_rejected_reproduces_plain_ar(resample, refresh):
     verifier, _, enc, *_ = MODELS
     want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
-    got, trace = _mulosd(MuLoSDConfig(tau=1.5, resample=resample))
+    got, trace = _mulosd(MuLoSDConfig(tau=1.5, resample=resample, kv_refresh=refresh))
     assert torch.equal(got, want)
     assert trace.counts["accepted"] == 0 and trace.counts["resampled"] == 3 * 64
 
@@ -383,3 +383,22 @@ def test_rejected_drafts_leave_no_trace_with_eager_kv_refresh(resample):
     _, _, stale_keys = decode(u.up, "round")
     _, _, other_stale_keys = decode(other_rejected_drafts, "round")
     assert not torch.allclose(stale_keys, other_stale_keys)
+
+
+def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
+    """`round` rewrites the whole committed previous block in the verification forward; `none` writes only the
+    positions the previous round sampled last (and the block's last position, whose output is the next block's
+    first distribution), padded per image, so an image still decodes the same alone and in a batch."""
+    one_island = {"radius": 0, "resample": "parallel", "draft_rows": 1}
+    _, full = _mulosd(MuLoSDConfig(kv_refresh="round", **one_island), accept=_reject_a_rectangle)
+    _, lean = _mulosd(MuLoSDConfig(kv_refresh="none", **one_island), accept=_reject_a_rectangle)
+    # 4 rounds of 2 x 8; from the second on, round writes 16 + 15 tokens, none 1 (the island's last sample,
+    # (1,5)) + 1 + 15, for 3 images
+    assert full.tokens_in["verifier"] - lean.tokens_in["verifier"] == 3 * 3 * (31 - 17)
+    assert full.forwards == lean.forwards and lean.counts["refreshed"] == 0
+    cfg = MuLoSDConfig(tau=0.3, acceptance="sampled", resample="zipar", kv_refresh="none", draft_rows=2)
+    batch, trace = _mulosd(cfg)
+    assert 0 < trace.counts["resampled"] < trace.counts["drafted"]
+    for i, c in enumerate(CAPTIONS):
+        alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
+        assert torch.equal(alone[0], batch[i])

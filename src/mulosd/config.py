@@ -265,7 +265,7 @@ class InferConfig:
     resample: str = "zipar"  # parallel | serial | zipar (an island's rows advance together)
     resample_window: int = 2  # ZipAR window for resample=zipar
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context until resampled
-    kv_refresh: str = "round"  # round | eager (see decoding/mulosd.py; eager measured no better)
+    kv_refresh: str = "round"  # round | eager | none (see decoding/mulosd.py; eager measured no better)
     draft_rows: int = 4
     draft: str = "zipar"  # serial | zipar: how the drafter fills a block of draft_rows low-res rows
     draft_window: int = 1  # ZipAR window for draft=zipar
@@ -459,7 +459,7 @@ def validate_infer(cfg: DictConfig) -> None:
     _one_of(cfg.rejection, ("local", "raster"), "rejection")
     _one_of(cfg.resample, ("parallel", "serial", "zipar"), "resample")
     _one_of(cfg.draft, ("serial", "zipar"), "draft")
-    _one_of(cfg.kv_refresh, ("eager", "round"), "kv_refresh")
+    _one_of(cfg.kv_refresh, ("eager", "round", "none"), "kv_refresh")
     _one_of(cfg.acceptance, ("threshold", "sampled", "ratio"), "acceptance")
     _require(not (cfg.acceptance != "threshold" and cfg.relative), "relative", "applies to acceptance=threshold only")
     _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too

@@ -24,7 +24,10 @@ are counted as `stale_kv`; with `kv_refresh=eager` each is rewritten in the firs
 every position before it is final (a few more tokens in forwards that run anyway, no extra step), with
 `round` they wait; either way the next round's verification forward rewrites the whole committed previous
 block together with the new draft, in the same single forward, so every later round sees exact entries (all
-rewrites counted as `refreshed`). The drafter's cache is exact: it re-reads the down-sampled committed block.
+rewrites counted as `refreshed`). `kv_refresh=none` accepts the approximation (DESIGN's other option): the
+verification forward writes only the previous round's last samples, never written yet, so stale entries stay,
+as do the holes ZipAR resampling leaves (decode_zipar lives with both), and the forward carries half the
+tokens. The drafter's cache is exact: it re-reads the down-sampled committed block.
 
 Randomness: the verifier samples position p with the same key AR uses, (seed, image, p); the drafter draws
 with its own stream. Hence `tau > 1` with serial resampling reproduces `ar` token for token, and `tau = 0`
@@ -56,7 +59,8 @@ class MuLoSDConfig:
     rejection: str = "local"  # local | raster
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context as placeholders until resampled
-    kv_refresh: str = "round"  # round | eager: when accepted positions after t0 get K/V from their final context
+    kv_refresh: str = "round"  # round | eager | none: when (if ever) accepted positions after t0 get K/V from their
+    # final context
     resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar: (i, j) waits for (i-1, j+w-1)
     draft_rows: int = 1  # low-res rows drafted per round
     draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
@@ -80,8 +84,8 @@ class MuLoSDConfig:
             raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
         if self.resample not in ("parallel", "serial", "zipar"):
             raise ValueError(f"resample must be parallel, serial or zipar, got {self.resample!r}")
-        if self.kv_refresh not in ("eager", "round"):
-            raise ValueError(f"kv_refresh must be eager or round, got {self.kv_refresh!r}")
+        if self.kv_refresh not in ("eager", "round", "none"):
+            raise ValueError(f"kv_refresh must be eager, round or none, got {self.kv_refresh!r}")
         if self.resample_window < 1:
             raise ValueError(f"resample_window must be >= 1, got {self.resample_window}")
         if self.draft not in ("serial", "zipar"):
@@ -160,13 +164,21 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
         draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
         trace.counts["up_calls"] += 1
-        # 3. verify the block in one forward; it also rewrites the committed previous block (stale-KV refresh)
-        start = hi0 - block_hi if k > 0 else 0
-        positions = torch.arange(start, hi1 - 1, device=device).expand(B, -1)
-        tokens = torch.cat([high[:, start:hi0], draft[:, :-1]], dim=1)
+        # 3. verify the block in one forward; it also rewrites the committed previous block (stale-KV refresh),
+        # or with kv_refresh=none only what the previous round sampled last and never wrote
+        if k == 0:
+            positions = torch.arange(0, hi1 - 1, device=device).expand(B, -1)
+            tokens = draft[:, :-1]
+        elif cfg.kv_refresh == "none":
+            positions = torch.cat([_padded(unwritten, hi0 - 1, device),
+                                   torch.arange(hi0 - 1, hi1 - 1, device=device).expand(B, -1)], dim=1)
+            tokens = torch.cat([high.gather(1, positions[:, :-(block_hi - 1)]), draft[:, :-1]], dim=1)
+        else:
+            positions = torch.arange(hi0 - block_hi, hi1 - 1, device=device).expand(B, -1)
+            tokens = torch.cat([high[:, hi0 - block_hi:hi0], draft[:, :-1]], dim=1)
+            trace.counts["refreshed"] += B * block_hi
         out = verifier(positions, tokens)
-        logits = out[:, hi0 - 1 - start:] if k > 0 else torch.cat([lp, out], dim=1)
-        trace.counts["refreshed"] += B * (hi0 - start)
+        logits = out[:, -block_hi:] if k > 0 else torch.cat([lp, out], dim=1)
         steps += 1
         logp = warp(logits, warpers)
         # 4-5. pooled acceptance, local rejection with expansion
@@ -191,9 +203,10 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         trace.counts["stale_kv"] += int(stale.sum())
         # 6. islands, resampled concurrently (or one after another)
         # a sampled rejection is redrawn outside the draft's pool; positions only grown into R_X draw from p
-        steps += _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample, cfg.resample_window,
-                           stale if cfg.kv_refresh == "eager" else None, trace.counts,
-                           (rejected, draft, neighbours, cfg.pool_k) if sampled else None)
+        n_steps, unwritten = _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample,
+                                       cfg.resample_window, stale if cfg.kv_refresh == "eager" else None,
+                                       trace.counts, (rejected, draft, neighbours, cfg.pool_k) if sampled else None)
+        steps += n_steps
         n_drafted = B * rows * G
         trace.counts["drafted"] += n_drafted
         trace.counts["accepted"] += int((~redo).sum())
@@ -220,9 +233,10 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
               warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int,
-              refresh: torch.Tensor | None, counts: dict, outside=None) -> int:
+              refresh: torch.Tensor | None, counts: dict, outside=None) -> tuple[int, list[list[int]]]:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
-    number of sequential verifier forwards. `refresh` [B, n]: the accepted positions after t0 to rewrite once
+    number of sequential verifier forwards and, per image, the positions sampled but not yet written (the last
+    step's samples: the next verification forward writes them). `refresh` [B, n]: the accepted positions after t0 to rewrite once
     their context is final (kv_refresh=eager), or None.
 
     Each step queries, per island, every position u that is ready: one forward writes u's predecessor (whose
@@ -285,7 +299,7 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             writes.append(list(w.items()))
             targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in t])
         if not any(targets):
-            return steps
+            return steps, [sorted(w) for w in unwritten]
         width = max(len(w) for w in writes)
         pos = torch.empty(B, width, dtype=torch.long, device=high.device)
         tok = torch.empty_like(pos)
@@ -303,6 +317,14 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             for u, j, i, _ in targets[b]:
                 unwritten[b].add(u)
                 done[b][j][i] = True
+
+
+def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
+    """Per-image position lists -> [B, longest], short rows padded with `fill` (a position the forward writes
+    anyway: a duplicate write of one slot in one forward computes the same K/V twice)."""
+    width = max(map(len, rows), default=0)
+    return torch.tensor([row + [fill] * (width - len(row)) for row in rows], dtype=torch.long,
+                        device=device).view(len(rows), width)
 
 
 def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], seed: int,
