@@ -50,7 +50,8 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
 
 def test_bench_refuses_bad_grids(tiny_zoo, tmp_path):
     for override, key in (("taus=[0.5,1.5]", "taus"), ("rs=[3]", "rs"), ("strategies=[magic]", "strategies"),
-                          ("infer.tau=-1", "infer.tau"), ("+variants.z={resample:zigzag}", "variants.z.resample"),
+                          ("infer.tau=-1", "infer.tau"), ("windows=[0]", "windows"),
+                          ("+variants.z={resample:zigzag}", "variants.z.resample"),
                           ("+variants.z={tua:0.1}", "variants.z.tua")):
         r = _bench(tiny_zoo, tmp_path, override)
         assert r.returncode == 2 and f"error: {key}" in r.stderr, (override, r.stderr[-500:])
@@ -65,3 +66,13 @@ def test_a_variant_that_sets_tau_is_measured_at_its_own_tau():
     assert set(points) == {"ar", "mulosd_r2_tau0.05_l1_base", "mulosd_r2_tau0.1_l1_base", "mulosd_r2_tau0.5_l1_ratio"}
     c = _infer_cfg(cfg, points["mulosd_r2_tau0.5_l1_ratio"])
     assert c.tau == 0.5 and c.acceptance == "ratio" and c.r == 2 and c.radius == 1
+
+
+def test_zipar_is_measured_at_each_window_of_the_grid():
+    from mulosd.bench import _infer_cfg, grid
+
+    cfg = compose_config("bench", ["strategies=[zipar,sd]", "windows=[1,3]"])
+    points = {p.name: p for p in grid(cfg)}
+    assert set(points) == {"ar", "zipar_s1", "zipar_s3", "sd"}
+    assert _infer_cfg(cfg, points["zipar_s3"]).window == 3 and _infer_cfg(cfg, points["sd"]).window == cfg.infer.window
+    assert {p.name for p in grid(compose_config("bench", ["strategies=[zipar]"]))} == {"ar", "zipar"}

@@ -1,5 +1,5 @@
-"""What `python bench.py` runs: every decoding strategy (and MuLo-SD over a grid of r, tau, radius) on the
-same prompts and seeds, in one process, interleaved batch by batch (A B C A B C ...: this CPU's timing
+"""What `python bench.py` runs: every decoding strategy (MuLo-SD over a grid of r, tau, radius, ZipAR over
+its windows: equal quality is read off both curves) on the same prompts and seeds, in one process, interleaved batch by batch (A B C A B C ...: this CPU's timing
 drifts by +-25% between runs, so only ratios measured side by side mean anything). Writes a markdown table,
 a CSV and plots of speed-up against SynthScenes-GenEval and against FD-VGG, one curve per method.
 
@@ -34,16 +34,22 @@ class Point:
     tau: float | None = None
     radius: int | None = None
     variant: str | None = None  # a key of cfg.variants
+    window: int | None = None  # zipar: its window s (None: infer.window)
 
     @property
     def name(self) -> str:
         if self.strategy != "mulosd":
-            return self.strategy
+            return self.strategy + ("" if self.window is None else f"_s{self.window}")
         return f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}" + (f"_{self.variant}" if self.variant else "")
 
 
 def grid(cfg: DictConfig) -> list[Point]:
-    points = [Point("ar")] + [Point(s) for s in cfg.strategies if s in BASELINES]
+    points = [Point("ar")]
+    for s in cfg.strategies:
+        if s == "zipar" and cfg.windows:
+            points += [Point(s, window=w) for w in cfg.windows]
+        elif s in BASELINES:
+            points.append(Point(s))
     if "mulosd" in cfg.strategies:
         for v in list(cfg.variants) or [None]:
             # a variant that sets r, tau or radius itself is measured at that value only, not over the grid's
@@ -60,6 +66,8 @@ def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
     if point.strategy == "mulosd":
         c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
         c.r, c.tau, c.radius = point.r, point.tau, point.radius
+    if point.window is not None:
+        c.window = point.window
     return c
 
 
@@ -124,6 +132,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         score = geneval_score(images, prompts)
         row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
                "radius": "" if p.radius is None else p.radius, "variant": p.variant or "",
+               "window": "" if p.window is None else p.window,
                "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
@@ -192,15 +201,16 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     for ax, (key, label) in zip(axes[0], metrics, strict=True):
         curves: dict[str, list] = {}
         for r in rows:
-            curve = (r["method"] if r["strategy"] != "mulosd" else
+            curve = (r["strategy"] if r["strategy"] != "mulosd" else
                      f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
             curves.setdefault(curve, []).append(r)
         for curve, rs in curves.items():
-            rs = sorted(rs, key=lambda r: r["tau"] if r["tau"] != "" else 0)
+            rs = sorted(rs, key=lambda r: next((r[k] for k in ("tau", "window") if r[k] != ""), 0))
             ax.plot([r["speedup"] for r in rs], [r[key] for r in rs], "o-" if len(rs) > 1 else "s", label=curve)
             for r in rs:
-                if r["tau"] != "":
-                    ax.annotate(f"τ={r['tau']:g}", (r["speedup"], r[key]), fontsize=7)
+                if r["tau"] != "" or r["window"] != "":
+                    text = f"τ={r['tau']:g}" if r["tau"] != "" else f"s={r['window']}"
+                    ax.annotate(text, (r["speedup"], r[key]), fontsize=7)
         ax.set_xlabel("speed-up over ar (wall-clock)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

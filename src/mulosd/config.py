@@ -297,6 +297,7 @@ class BenchConfig:
     rs: list[int] = field(default_factory=lambda: [2, 4])
     taus: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
     radii: list[int] = field(default_factory=lambda: [0, 1])
+    windows: list[int] = field(default_factory=list)  # ZipAR windows, one point each (empty: infer.window)
     # MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     fd: bool = True  # FD-VGG against the world's renders of the same prompts
@@ -489,6 +490,8 @@ def validate_bench(cfg: DictConfig) -> None:
         _require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
     for rad in cfg.radii:
         _require(rad >= 0, "radii", f"every radius must be >= 0, got {rad}")
+    for w in cfg.windows:
+        _require(w >= 1, "windows", f"every ZipAR window must be >= 1, got {w}")
     for m in cfg.metrics:
         _one_of(m, ("fid", "clip", "hpsv2"), "metrics")
     try:
