@@ -1,7 +1,8 @@
-"""What `python bench.py` runs: every decoding strategy (MuLo-SD over a grid of r, tau, radius, ZipAR over
-its windows: equal quality is read off both curves) on the same prompts and seeds, in one process, interleaved batch by batch (A B C A B C ...: this CPU's timing
-drifts by +-25% between runs, so only ratios measured side by side mean anything). Writes a markdown table,
-a CSV and plots of speed-up against SynthScenes-GenEval and against FD-VGG, one curve per method.
+"""What `python bench.py` runs: every decoding strategy (MuLo-SD over a grid of r, tau, radius, ZipAR over its
+windows: equal quality is read off both curves) on the same prompts and seeds, in one process, interleaved
+batch by batch (A B C A B C ...: this CPU's timing drifts by +-25% between runs, so only ratios measured side
+by side mean anything). Writes a markdown table, a CSV and plots of speed-up against SynthScenes-GenEval and
+against FD-VGG, one curve per method.
 
 Finished (point, batch) cells are appended to RUN/cells.jsonl with their images saved, so a killed bench
 resumes where it stopped instead of starting over.

@@ -148,6 +148,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     lq = drafter.start(captions)
     lp = verifier.start(captions)
     steps = 1  # the two prefix forwards are independent: one step on the critical path
+    unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache yet
     block_lo, block_hi = d * g, r * d * G
     for k in range(g // d):
         lo0, lo1 = k * block_lo, (k + 1) * block_lo
@@ -236,8 +237,8 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
               refresh: torch.Tensor | None, counts: dict, outside=None) -> tuple[int, list[list[int]]]:
     """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
     number of sequential verifier forwards and, per image, the positions sampled but not yet written (the last
-    step's samples: the next verification forward writes them). `refresh` [B, n]: the accepted positions after t0 to rewrite once
-    their context is final (kv_refresh=eager), or None.
+    step's samples: the next verification forward writes them). `refresh` [B, n]: the accepted positions after
+    t0 to rewrite once their context is final (kv_refresh=eager), or None.
 
     Each step queries, per island, every position u that is ready: one forward writes u's predecessor (whose
     output is u's distribution) and the tokens sampled in the previous step. `parallel`: an island's
