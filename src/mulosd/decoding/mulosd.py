@@ -168,17 +168,14 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         # 3. verify the block in one forward; it also rewrites the committed previous block (stale-KV refresh),
         # or with kv_refresh=none only what the previous round sampled last and never wrote
         if k == 0:
-            positions = torch.arange(0, hi1 - 1, device=device).expand(B, -1)
-            tokens = draft[:, :-1]
-        elif cfg.kv_refresh == "none":
-            positions = torch.cat([_padded(unwritten, hi0 - 1, device),
-                                   torch.arange(hi0 - 1, hi1 - 1, device=device).expand(B, -1)], dim=1)
-            tokens = torch.cat([high.gather(1, positions[:, :-(block_hi - 1)]), draft[:, :-1]], dim=1)
+            committed = torch.empty(B, 0, dtype=torch.long, device=device)
+        elif cfg.kv_refresh == "none":  # the block's last position too: its output is the new block's first
+            committed = torch.cat([_padded(unwritten, hi0 - 1, device), torch.full((B, 1), hi0 - 1, device=device)], 1)
         else:
-            positions = torch.arange(hi0 - block_hi, hi1 - 1, device=device).expand(B, -1)
-            tokens = torch.cat([high[:, hi0 - block_hi:hi0], draft[:, :-1]], dim=1)
+            committed = torch.arange(hi0 - block_hi, hi0, device=device).expand(B, -1)
             trace.counts["refreshed"] += B * block_hi
-        out = verifier(positions, tokens)
+        positions = torch.cat([committed, torch.arange(hi0, hi1 - 1, device=device).expand(B, -1)], dim=1)
+        out = verifier(positions, torch.cat([high.gather(1, committed), draft[:, :-1]], dim=1))
         logits = out[:, -block_hi:] if k > 0 else torch.cat([lp, out], dim=1)
         steps += 1
         logp = warp(logits, warpers)
