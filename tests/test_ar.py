@@ -286,3 +286,49 @@ def test_token_batches_resume_where_they_stopped():
     assert full[3:6] != full[:3], "each epoch has its own permutation"
     with pytest.raises(ValueError):
         TokenBatches(tokens, captions, 11, seed=0)
+
+
+def _module(**levers):
+    from mulosd.lit.ar import ARModule
+
+    torch.manual_seed(0)
+    t = dict(vocab_size=48, grid=4, dim=32, layers=1, heads=2, cond_dim=16)
+    return ARModule(transformer=t, tokenizer="unused", resolution=32, cond_dropout=0.0,
+                    sample={"cfg_scale": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+                    optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1,
+                           "warmup_batches": 0}, train={"seed": 0, "batches": 10}, **levers)
+
+
+def test_object_weight_is_a_weighted_mean_of_the_token_ces():
+    torch.manual_seed(1)
+    batch = {"tokens": torch.randint(0, 48, (3, 4, 4)), "caption": _captions(3),
+             "objects": torch.rand(3, 4, 4) < 0.3}
+    plain, weighted = _module(), _module(object_weight=5.0)
+    ce = plain.token_ce(batch)
+    assert torch.allclose(plain.loss(batch), ce.mean())
+    w = torch.where(batch["objects"].flatten(1), 5.0, 1.0)
+    assert torch.allclose(weighted.loss(batch), (w * ce).sum() / w.sum())  # same init: same per-token CE
+    obj = batch["objects"].flatten(1)
+    assert (weighted.loss(batch) - ce.mean()).sign() == (ce[obj].mean() - ce[~obj].mean()).sign()
+    with pytest.raises(ValueError, match="object masks"):
+        weighted.loss({k: v for k, v in batch.items() if k != "objects"})
+
+
+def test_ema_averages_the_weights_and_is_what_decoding_and_export_use():
+    m = _module(ema=0.9)
+    assert not any(p.requires_grad for p in m.ema.parameters())
+    assert all(id(p) not in {id(q) for q in m.ema.parameters()} for g in m.configure_optimizers().param_groups
+               for p in g["params"]), "the EMA copy is never optimised"
+    w0 = m.model.head.weight.detach().clone()
+    m.batches_seen = 1
+    m.on_train_batch_end(torch.tensor(1.0), None, 0)  # first update: the EMA starts as a copy
+    with torch.no_grad():
+        m.model.head.weight.add_(1.0)
+    m.batches_seen = 2
+    m.on_train_batch_end(torch.tensor(1.0), None, 1)
+    model, encoder = m.weights()
+    assert model is m.ema.module["model"] and encoder is m.ema.module["encoder"]
+    assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6), "ema = 0.9 * old + 0.1 * new"
+    m.on_train_batch_end(None, None, 2)  # a skipped (non-finite) step leaves the average alone
+    assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6)
+    assert _module().weights()[0] is not None and _module().ema is None

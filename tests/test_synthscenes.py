@@ -15,6 +15,7 @@ from mulosd.data.synthscenes import (
     vocab,
 )
 from mulosd.data.synthscenes.judge import falsify, selftest
+from mulosd.data.synthscenes.render import object_mask
 from mulosd.data.synthscenes.scene import Scene
 
 
@@ -66,6 +67,33 @@ def test_scene_satisfies_its_layout_rules():
             a, b = s.objects
             assert {"above": a.cy < b.cy, "below": a.cy > b.cy, "left of": a.cx < b.cx,
                     "right of": a.cx > b.cx}[s.prompt.relation]
+
+
+def test_radius_range_sets_the_geometry_and_is_refused_outside_a_cell():
+    big = (0.12, 0.14)
+    for i in range(100):
+        s = sample_scene(5, i, radius=big)
+        assert s.prompt == sample_scene(5, i).prompt, "the geometry changes the layout, not the prompt"
+        for o, c in zip(s.objects, s.cells, strict=True):
+            assert big[0] <= o.radius <= big[1]
+            row, col = divmod(c, vocab.GRID)
+            assert col / vocab.GRID <= o.cx - o.radius and o.cx + o.radius <= (col + 1) / vocab.GRID
+    for bad in ((0.0, 0.1), (0.1, 0.05), (0.1, 0.16)):
+        with pytest.raises(ValueError, match="radius range"):
+            sample_scene(5, 0, radius=bad)
+
+
+@pytest.mark.parametrize("grid", [8, 16])
+def test_object_mask_marks_the_tokens_whose_pixels_an_object_changes(grid):
+    """Render with and without the objects at 8 px per cell: a cell holds an object where pixels differ."""
+    for i in range(20):
+        scene = sample_scene(3, i)
+        size = 8 * grid
+        bare = Scene(scene.prompt, (), scene.background, scene.background_texture, scene.background_seed)
+        diff = np.abs(render(scene, size).astype(int) - render(bare, size).astype(int)).max(-1) > 0
+        changed = diff.reshape(grid, 8, grid, 8).any(axis=(1, 3))
+        assert np.array_equal(object_mask(scene, grid), changed)
+        assert changed.any() and not changed.all()
 
 
 def test_captions_round_trip_for_every_category():

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .ar.transformer import TransformerConfig
+from .data.synthscenes import vocab
 from .losses.image_loss import ImageLossConfig
 from .tokenizer.vq import VQConfig
 
@@ -41,6 +42,9 @@ class SynthShardsConfig:
     size: int = 128
     seed: int = 0
     image_format: str = "png"
+    # object half-size range as fractions of the image side (None: the world's, vocab.RADIUS_RANGE); a
+    # shard set of another geometry needs its own `dir`
+    radius: list[float] | None = None
 
 
 @dataclass
@@ -161,6 +165,8 @@ class ARModelConfig:
     tokenizer: str = "synthscenes_vq_f8"  # zoo name or exported directory
     resolution: int = 128  # image side; the grid is resolution / the tokenizer's downsample factor
     cond_dropout: float = 0.1  # caption dropout (the null condition) for classifier-free guidance
+    object_weight: float = 1.0  # loss weight of the tokens that hold an object (SynthScenes knows its masks)
+    ema: float = 0.0  # decay of an EMA of the weights, used for validation and export (0 = none)
     # vocab_size, grid and prefix are derived from the tokenizer, the resolution and the caption encoder
     transformer: TransformerConfig = field(default_factory=TransformerConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
@@ -363,6 +369,11 @@ def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
             _require(s[name] >= 1, f"{key}.synth.{name}", f"must be >= 1, got {s[name]}")
         _require(s.val_shards >= 0, f"{key}.synth.val_shards", "must be >= 0")
         _one_of(s.image_format, ("png", "jpg"), f"{key}.synth.image_format")
+        if s.radius is not None:
+            hi = 0.5 / vocab.GRID - vocab.CELL_MARGIN
+            _require(len(s.radius) == 2 and 0 < s.radius[0] <= s.radius[1] <= hi, f"{key}.synth.radius",
+                     f"must be [lo, hi] with 0 < lo <= hi <= {hi:.4f} (an object stays in its cell), got "
+                     f"{list(s.radius)}")
 
 
 def validate_model(m: DictConfig) -> DictConfig:
@@ -394,6 +405,8 @@ def _validate_ar(m: DictConfig) -> DictConfig:
     t, o = m.transformer, m.optim
     _require(m.resolution >= 8, "model.resolution", f"must be >= 8, got {m.resolution}")
     _require(0 <= m.cond_dropout < 1, "model.cond_dropout", f"must be in [0, 1), got {m.cond_dropout}")
+    _require(m.object_weight > 0, "model.object_weight", f"must be > 0, got {m.object_weight}")
+    _require(0 <= m.ema < 1, "model.ema", f"must be in [0, 1), got {m.ema}")
     _require(t.dim % t.heads == 0 and (t.dim // t.heads) % 4 == 0, "model.transformer.heads",
              f"dim {t.dim} / heads {t.heads} must be a multiple of 4 (2D RoPE splits each head in four)")
     _require(t.layers >= 1, "model.transformer.layers", "must be >= 1")

@@ -4,6 +4,11 @@ Sequence layout (training and decoding alike): `prefix` condition slots, then on
 raster order. Slot P+i holds image token i; the output at a slot predicts the token of the next slot, so the
 last prefix slot predicts token 0 and slot P+i predicts token i+1.
 
+A multi-resolution model (`grids`, e.g. (8, 16) for 64 and 128 px) is one set of weights trained on several
+grids: each grid has its own 2D RoPE positions and a learned resolution embedding added to the condition
+prefix. `at_grid(g)` is the model at grid g, a view sharing every parameter, so one checkpoint serves as
+drafter and verifier, each view with its own KV cache.
+
 Two ways to run it:
 - `forward(tokens, cond)`: teacher-forced full sequence with causal attention (training, reference logits);
 - `step(slots, tokens, cache)`: any set of slots at once against a `KVCache`, whose per-slot `filled` mask
@@ -13,8 +18,9 @@ Two ways to run it:
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -36,10 +42,14 @@ class TransformerConfig:
     # what RoPE does to the condition prefix: "identity" (no rotation), or "zero": LlamaGen's cos = sin = 0,
     # which zeroes the prefix's queries and keys (so prefix slots attend uniformly); needed for its weights
     prefix_rope: str = "identity"
+    grids: tuple[int, ...] = ()  # a multi-resolution model's grids (`grid` is the one this instance runs at)
 
     def __post_init__(self):
         if self.prefix_rope not in ("identity", "zero"):
             raise ValueError(f"prefix_rope must be identity or zero, got {self.prefix_rope!r}")
+        self.grids = tuple(int(g) for g in self.grids)
+        if self.grids and self.grid not in self.grids:
+            raise ValueError(f"grid {self.grid} is not one of the model's grids {self.grids}")
 
     @property
     def slots(self) -> int:
@@ -150,8 +160,22 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        # one learned vector per grid, added to the prefix: the model knows which resolution it draws
+        self.res_emb = nn.Embedding(len(cfg.grids), cfg.dim) if cfg.grids else None
         self.register_buffer("rope", rope_2d(cfg), persistent=False)
         self.apply(self._init)
+
+    def at_grid(self, grid: int) -> Transformer:
+        """This multi-resolution model at another of its grids: shares every parameter, own positions."""
+        if grid == self.cfg.grid:
+            return self
+        if grid not in self.cfg.grids:
+            raise ValueError(f"the model was trained on grids {self.cfg.grids or (self.cfg.grid,)}, not {grid}")
+        view = copy.copy(self)
+        view._buffers = dict(self._buffers)  # the parameter and module dicts stay shared
+        view.cfg = replace(self.cfg, grid=grid)
+        view.rope = rope_2d(view.cfg).to(self.rope.device)
+        return view
 
     @staticmethod
     def _init(m):
@@ -168,7 +192,10 @@ class Transformer(nn.Module):
             cond = null
         elif drop is not None:
             cond = torch.where(drop[:, None, None], null.to(cond.dtype), cond)
-        return self.cond_proj(cond)
+        prefix = self.cond_proj(cond)
+        if self.res_emb is not None:
+            prefix = prefix + self.res_emb.weight[self.cfg.grids.index(self.cfg.grid)]
+        return prefix
 
     def forward(self, tokens: torch.Tensor, cond: torch.Tensor | None, drop: torch.Tensor | None = None):
         """Teacher forcing: tokens [B, N] (raster) -> logits [B, N, V], logits[:, i] predicting token i."""

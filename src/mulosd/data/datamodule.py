@@ -9,6 +9,7 @@ import webdataset as wds
 
 from .stream import LogicalWorkers, StreamStats, build_pipeline
 from .synthscenes.shards import VAL_FIRST_INDEX, shard_pattern, write_split
+from .synthscenes.vocab import RADIUS_RANGE
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -45,10 +46,12 @@ class ShardDataModule(L.LightningDataModule):
         if self.synth is None:
             return
         s = self.synth
-        write_split(Path(s.dir), "train", s.train_shards, s.per_shard, s.size, s.seed, image_format=s.image_format)
+        radius = tuple(s.radius) if s.get("radius") else RADIUS_RANGE
+        write_split(Path(s.dir), "train", s.train_shards, s.per_shard, s.size, s.seed, image_format=s.image_format,
+                    radius=radius)
         if s.val_shards:
             write_split(Path(s.dir), "val", s.val_shards, s.per_shard, s.size, s.seed,
-                        first_index=VAL_FIRST_INDEX, image_format=s.image_format)
+                        first_index=VAL_FIRST_INDEX, image_format=s.image_format, radius=radius)
 
     def _loader(self, urls: str, train: bool) -> wds.WebLoader:
         skip = self.skip_batches if train else 0

@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, IterableDataset
@@ -40,16 +41,30 @@ def tokenizer_digest(path: Path) -> str:
 
 @torch.no_grad()
 def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, batch_size: int = 64) -> Path:
-    """One ordered pass over the shards -> out.safetensors (tokens{size}: int16 [N, g, g]) + out.json."""
+    """One ordered pass over the shards -> out.safetensors (tokens{size}: int16 [N, g, g]) + out.json.
+    Where every sample's metadata holds its SynthScenes scene, also objects{size}: uint8 [N, g, g], the
+    tokens that hold an object (for the AR models' object-token loss weight)."""
+    from .synthscenes.render import object_mask
+    from .synthscenes.scene import Scene
+
     pipeline = build_pipeline(urls, image_size=image_size, ratios=ratios, batch_size=batch_size, seed=0,
                               shuffle_buffer=0, resampled=False, max_pixels=64_000_000, partial=True,
                               name="tokenize")
     grids: dict[int, list[torch.Tensor]] = {}
+    masks: dict[int, list[torch.Tensor]] | None = {}
     captions, keys, stats = [], [], StreamStats()
     for batch in tqdm(pipeline, desc=f"tokenising {Path(urls).name}", unit="batch"):
         views = [batch["image"]] + [batch["low"][r] for r in sorted(batch["low"])]
+        if masks is not None and not all("scene" in m for m in batch["meta"]):
+            masks = None  # not a SynthScenes shard set: no object masks for this split
+        scenes = [Scene.from_dict(m["scene"]) for m in batch["meta"]] if masks is not None else []
         for x in views:
-            grids.setdefault(x.shape[-1], []).append(tokenizer.encode(x).to(torch.int16))
+            t = tokenizer.encode(x).to(torch.int16)
+            grids.setdefault(x.shape[-1], []).append(t)
+            if masks is not None:
+                g = t.shape[-1]
+                masks.setdefault(x.shape[-1], []).append(
+                    torch.from_numpy(np.stack([object_mask(sc, g) for sc in scenes])).to(torch.uint8))
         captions += batch["caption"]
         keys += batch["key"]
         stats.update(batch)
@@ -57,7 +72,9 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
         raise ValueError(f"no samples in {urls}")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    save_file({f"tokens{s}": torch.cat(g) for s, g in grids.items()}, str(tmp) + ".safetensors")
+    tensors = {f"tokens{s}": torch.cat(g) for s, g in grids.items()}
+    tensors |= {f"objects{s}": torch.cat(m) for s, m in (masks or {}).items()}
+    save_file(tensors, str(tmp) + ".safetensors")
     (Path(str(tmp) + ".json")).write_text(json.dumps({"captions": captions, "keys": keys, "stream": stats.summary()}))
     os.replace(str(tmp) + ".json", str(out) + ".json")  # json first: the safetensors file marks completion
     os.replace(str(tmp) + ".safetensors", str(out) + ".safetensors")
@@ -65,13 +82,14 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
 
 
 class TokenBatches(IterableDataset):
-    """Endless batches {tokens [B, g, g] long, caption [B]} from a seeded permutation per epoch,
-    starting at global batch `start` (a resumed run's counter)."""
+    """Endless batches {tokens [B, g, g] long, caption [B], objects [B, g, g] bool where known} from a
+    seeded permutation per epoch, starting at global batch `start` (a resumed run's counter)."""
 
-    def __init__(self, tokens: torch.Tensor, captions: list[str], batch_size: int, seed: int, start: int = 0):
+    def __init__(self, tokens: torch.Tensor, captions: list[str], batch_size: int, seed: int, start: int = 0,
+                 objects: torch.Tensor | None = None):
         if len(captions) < batch_size:
             raise ValueError(f"{len(captions)} samples cannot fill one batch of {batch_size}")
-        self.tokens, self.captions = tokens, captions
+        self.tokens, self.captions, self.objects = tokens, captions, objects
         self.batch_size, self.seed, self.start = batch_size, seed, start
         self.per_epoch = len(captions) // batch_size
 
@@ -81,8 +99,15 @@ class TokenBatches(IterableDataset):
             epoch, i = divmod(b, self.per_epoch)
             perm = torch.randperm(len(self.captions), generator=torch.Generator().manual_seed(self.seed + epoch))
             idx = perm[i * self.batch_size:(i + 1) * self.batch_size]
-            yield {"tokens": self.tokens[idx].long(), "caption": [self.captions[j] for j in idx.tolist()]}
+            yield _batch(self.tokens, self.captions, self.objects, idx)
             b += 1
+
+
+def _batch(tokens: torch.Tensor, captions: list[str], objects: torch.Tensor | None, idx: torch.Tensor) -> dict:
+    out = {"tokens": tokens[idx].long(), "caption": [captions[j] for j in idx.tolist()]}
+    if objects is not None:
+        out["objects"] = objects[idx].bool()
+    return out
 
 
 class TokenDataModule(L.LightningDataModule):
@@ -93,14 +118,15 @@ class TokenDataModule(L.LightningDataModule):
         self.batch_size, self.seed, self.val_batches = batch_size, seed, val_batches
         self.cache_dir = Path(cache_dir)
         self.train_batches = self.skip_batches = 0
-        self.data: dict[str, tuple[torch.Tensor, list[str]]] = {}
+        self.data: dict[str, tuple[torch.Tensor, list[str], torch.Tensor | None]] = {}
 
     def _path(self, split: str, urls: str) -> Path:
         from ..zoo import tokenizer_identity
 
         tok = tokenizer_digest(tokenizer_identity(self.tokenizer_name))
         ratios = ",".join(map(str, self.shards.ratios))
-        return self.cache_dir / tok / f"{split}-{_digest(urls, str(self.shards.image_size), ratios)}"
+        # "objects": caches written before object masks existed are rebuilt, not read without them
+        return self.cache_dir / tok / f"{split}-{_digest(urls, str(self.shards.image_size), ratios, 'objects')}"
 
     def _splits(self) -> dict[str, str]:
         return {k: v for k, v in (("train", self.shards.train_urls), ("val", self.shards.val_urls)) if v}
@@ -124,7 +150,12 @@ class TokenDataModule(L.LightningDataModule):
                 raise ValueError(f"no {self.size} px tokens in {path} (has {', '.join(sorted(tensors))}): "
                                  f"set data.image_size / data.ratios so that {self.size} px is among the views")
             meta = json.loads(Path(str(path) + ".json").read_text())
-            self.data[split] = (tensors[key], meta["captions"])
+            self.data[split] = (tensors[key], meta["captions"], tensors.get(f"objects{self.size}"))
+
+    @property
+    def has_objects(self) -> bool:
+        """Whether every split knows which tokens hold objects (SynthScenes shards do)."""
+        return bool(self.data) and all(v[2] is not None for v in self.data.values())
 
     def summary(self) -> str:
         n = {k: len(v[1]) for k, v in self.data.items()}
@@ -137,16 +168,16 @@ class TokenDataModule(L.LightningDataModule):
         self.train_batches = self.skip_batches = int(state["train_batches"])
 
     def train_dataloader(self):
-        tokens, captions = self.data["train"]
-        ds = TokenBatches(tokens, captions, self.batch_size, self.seed, start=self.skip_batches)
+        tokens, captions, objects = self.data["train"]
+        ds = TokenBatches(tokens, captions, self.batch_size, self.seed, start=self.skip_batches, objects=objects)
         return DataLoader(ds, batch_size=None, num_workers=0)
 
     def val_dataloader(self):
         if "val" not in self.data:
             return []
-        tokens, captions = self.data["val"]
+        tokens, captions, objects = self.data["val"]
         n = min(len(captions), self.val_batches * self.batch_size)
-        return DataLoader([{"tokens": tokens[i:i + self.batch_size].long(), "caption": captions[i:i + self.batch_size]}
+        return DataLoader([_batch(tokens, captions, objects, torch.arange(i, min(i + self.batch_size, n)))
                            for i in range(0, n, self.batch_size)], batch_size=None)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):

@@ -1,8 +1,12 @@
 """LightningModule that trains an AR transformer on a tokenizer's grids: next-token CE with caption dropout.
 
 The learning rate follows timm's cosine schedule with warm-up, stepped from the batch counter, so a resumed
-run is on the same schedule without scheduler state. Validation reports the CE on held-out scenes and
-draws a few captions with plain AR decoding and guidance, decoded by the tokenizer and judged.
+run is on the same schedule without scheduler state. Two optional levers: `object_weight` multiplies the
+loss of the tokens that hold an object (the world knows each object's mask; most tokens are background
+texture, which GenEval never checks), and `ema` keeps an exponential moving average of the weights (timm's
+ModelEmaV3), which validation, the samples and the export then use. Validation reports the CE on held-out
+scenes (all tokens, object tokens, background tokens) and draws a few captions with plain AR decoding and
+guidance, decoded by the tokenizer and judged.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 from timm.scheduler import CosineLRScheduler
+from timm.utils import ModelEmaV3
 
 from ..ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
 from ..data.stream import to_image
@@ -32,10 +38,14 @@ class ARModule(L.LightningModule):
     optimizer_steps_per_batch = 1
 
     def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
-                 optim: dict, train: dict):
+                 optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         self.model, self.encoder = build_ar(transformer)
+        # the averaged copy of both (the encoder's embeddings are trained too); never optimised
+        self.ema = ModelEmaV3(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), decay=ema) if ema else None
+        if self.ema is not None:
+            self.ema.requires_grad_(False)
         self.optim, self.train_cfg = optim, train
         self.batches_seen = 0
         self.drop_rng = torch.Generator().manual_seed(int(train["seed"]))
@@ -43,8 +53,9 @@ class ARModule(L.LightningModule):
 
     def configure_optimizers(self):
         o = self.optim
-        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "null_cond" not in n]
-        no_decay = [p for n, p in self.named_parameters() if p.dim() < 2 or "null_cond" in n]
+        params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        decay = [p for n, p in params if p.dim() >= 2 and "null_cond" not in n]
+        no_decay = [p for n, p in params if p.dim() < 2 or "null_cond" in n]
         opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                                  {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
         self.schedule = CosineLRScheduler(opt, t_initial=int(self.train_cfg["batches"]),
@@ -52,14 +63,35 @@ class ARModule(L.LightningModule):
                                           warmup_lr_init=o["lr"] * 0.01, t_in_epochs=False)
         return opt
 
-    def loss(self, tokens: torch.Tensor, captions: list[str], drop: torch.Tensor | None = None) -> torch.Tensor:
-        logits = self.model(tokens.flatten(1), self.encoder(captions), drop)
-        return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+    def token_ce(self, batch: dict, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
+        """Per-token CE [B, N] of the teacher-forced sequences (with the EMA weights if asked)."""
+        nets = self.ema.module if ema else {"model": self.model, "encoder": self.encoder}
+        tokens = batch["tokens"].flatten(1)
+        logits = nets["model"](tokens, nets["encoder"](batch["caption"]), drop)
+        return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), reduction="none").view_as(tokens)
+
+    def loss(self, batch: dict, drop: torch.Tensor | None = None) -> torch.Tensor:
+        ce = self.token_ce(batch, drop)
+        w = self.hparams["object_weight"]
+        if w == 1.0:
+            return ce.mean()
+        if "objects" not in batch:
+            raise ValueError("model.object_weight needs object masks, which only SynthScenes shards carry")
+        weight = 1.0 + (w - 1.0) * batch["objects"].flatten(1).to(ce.dtype)
+        return (weight * ce).sum() / weight.sum()  # a weighted mean: the lr means the same at any weight
+
+    def on_fit_start(self) -> None:
+        dm = self.trainer.datamodule
+        if self.hparams["object_weight"] != 1.0 and not getattr(dm, "has_objects", False):
+            from ..config import ConfigError
+
+            raise ConfigError("model.object_weight", "needs object masks, which only SynthScenes shards carry "
+                                                     "(set it to 1 for other data)")
 
     def training_step(self, batch, batch_idx):
         self.schedule.step_update(self.batches_seen)
         drop = torch.rand(len(batch["caption"]), generator=self.drop_rng) < self.hparams["cond_dropout"]
-        loss = self.loss(batch["tokens"], batch["caption"], drop.to(self.device))
+        loss = self.loss(batch, drop.to(self.device))
         self.batches_seen += 1
         if self.guard.nonfinite("loss", loss, self.batches_seen):
             return None  # Lightning skips the optimizer step
@@ -71,10 +103,27 @@ class ARModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer):
         self.clip_gradients(optimizer, gradient_clip_val=self.optim["clip"], gradient_clip_algorithm="norm")
 
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.ema is not None and outputs is not None:  # None: a skipped (non-finite) update
+            self.ema.update(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), step=self.batches_seen)
+
     def validation_step(self, batch, batch_idx):
-        self.log("val/ce", self.loss(batch["tokens"], batch["caption"]), batch_size=len(batch["caption"]))
+        n = len(batch["caption"])
+        ce = self.token_ce(batch, ema=self.ema is not None)
+        self.log("val/ce", ce.mean(), batch_size=n)
+        if "objects" in batch:
+            obj = batch["objects"].flatten(1)
+            # per-batch means over object / background tokens (batches are large enough to hold both)
+            self.log("val/ce_objects", ce[obj].mean(), batch_size=n)
+            self.log("val/ce_background", ce[~obj].mean(), batch_size=n)
         if batch_idx == 0:
             self._log_samples(batch["caption"][:8])
+
+    def weights(self) -> tuple[nn.Module, nn.Module]:
+        """(transformer, encoder) as decoding should use them: the EMA copy when there is one."""
+        if self.ema is not None:
+            return self.ema.module["model"], self.ema.module["encoder"]
+        return self.model, self.encoder
 
     @torch.no_grad()
     def _log_samples(self, captions: list[str]) -> None:
@@ -84,7 +133,7 @@ class ARModule(L.LightningModule):
 
         s = self.hparams["sample"]
         tokenizer = load_tokenizer(self.hparams["tokenizer"], device=self.device)
-        backbone = ARBackbone(self.model, self.encoder, cfg_scale=s["cfg_scale"])
+        backbone = ARBackbone(*self.weights(), cfg_scale=s["cfg_scale"])
         tokens, _ = decode_ar(backbone, captions, seed=0, warpers=Warpers(s["temperature"], s["top_k"], s["top_p"]))
         images = [to_image(x) for x in tokenizer.decode(tokens).clamp(-1, 1)]
         ok = [judge(im, parse_caption(c)).geneval for im, c in zip(images, captions, strict=True)]
@@ -122,8 +171,9 @@ class ARModule(L.LightningModule):
         from ..zoo import save, tokenizer_identity
 
         h = self.hparams
-        return save(torch.nn.ModuleDict({"model": self.model, "encoder": self.encoder}), "ar",
+        model, encoder = self.weights()
+        return save(torch.nn.ModuleDict({"model": model, "encoder": encoder}), "ar",
                     {"transformer": dict(h["transformer"]), "encoder": "synthscenes_slots"}, out_dir, recipe,
                     tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                     resolution=h["resolution"], batches=self.batches_seen,
-                    sample=dict(h["sample"]))
+                    sample=dict(h["sample"]), object_weight=h["object_weight"], ema=h["ema"])

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import caption_text, render, sample_scene
+from . import caption_text, render, sample_scene, vocab
 from .judge import selftest
 from .shards import VAL_FIRST_INDEX, write_split
 
@@ -14,7 +14,7 @@ from .shards import VAL_FIRST_INDEX, write_split
 def _preview(args) -> None:
     from ...viz import captioned_grid
 
-    scenes = [sample_scene(args.seed, i) for i in range(args.n)]
+    scenes = [sample_scene(args.seed, i, radius=args.radius) for i in range(args.n)]
     images = [render(s, args.size) for s in scenes]
     captions = [f"[{s.prompt.category}] {caption_text(s.prompt)}" for s in scenes]
     out = Path(args.out)
@@ -24,7 +24,7 @@ def _preview(args) -> None:
 
 
 def _judge_selftest(args) -> None:
-    result = selftest(args.n, seed=args.seed, progress=True)
+    result = selftest(args.n, seed=args.seed, progress=True, radius=args.radius)
     cats = sorted({c for row in result.table.values() for c in row if c != "all"})
     print(f"judge self-test on {args.n} scenes (true and falsified caption each)")
     print("| size | render | " + " | ".join(cats) + " | all |")
@@ -38,7 +38,7 @@ def _shards(args) -> None:
     for split, n, first in (("train", args.num_shards, 0), ("val", args.val_shards, VAL_FIRST_INDEX)):
         if n:
             paths = write_split(Path(args.out), split, n, args.per_shard, args.size, args.seed, first_index=first,
-                                image_format=args.format)
+                                image_format=args.format, radius=args.radius)
             print(f"{split}: {len(paths)} shards x {args.per_shard} samples in {args.out}")
 
 
@@ -65,7 +65,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--format", choices=("png", "jpg"), default="png")
     p.set_defaults(fn=_shards)
+    for p in sub.choices.values():
+        p.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
+                       help="object half-size range as fractions of the image side (the world's geometry)")
     args = parser.parse_args(argv)
+    hi = 0.5 / vocab.GRID - vocab.CELL_MARGIN
+    if not 0 < args.radius[0] <= args.radius[1] <= hi:
+        parser.error(f"--radius must be LO HI with 0 < LO <= HI <= {hi:.4f} (an object stays in its cell)")
     for name in ("n", "size", "per_shard", "num_shards"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

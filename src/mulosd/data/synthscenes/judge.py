@@ -218,14 +218,15 @@ class SelftestResult:
 
 
 def selftest(n: int, seed: int = 12345, sizes=(32, 64, 128), degradations=("blur", "jpeg"),
-             degraded_size: int = 128, progress: bool = False) -> SelftestResult:
-    """Judge `n` scenes (true and falsified caption each) clean at every size, and degraded at one size."""
+             degraded_size: int = 128, progress: bool = False, radius=vocab.RADIUS_RANGE) -> SelftestResult:
+    """Judge `n` scenes (true and falsified caption each) clean at every size, and degraded at one size;
+    `radius` is the world's object size range."""
     from tqdm import tqdm
 
     conditions = [(s, "clean") for s in sizes] + [(degraded_size, d) for d in degradations]
     hits = {c: {} for c in conditions}
     for i in tqdm(range(n), desc="judge self-test", disable=not progress):
-        scene = sample_scene(seed, i)
+        scene = sample_scene(seed, i, radius=radius)
         wrong = falsify(scene, np.random.default_rng([seed, i, 1]))
         cat = scene.prompt.category
         renders = {s: render(scene, s) for s in {c[0] for c in conditions}}

@@ -19,6 +19,8 @@ from . import vocab
 from .scene import Scene, SceneObject
 
 # Photos bundled in the scikit-image wheel (no download): grey-level textures for photographic backgrounds.
+SUPERSAMPLE = 4  # samples per pixel side, box-averaged
+
 PHOTOS = ("astronaut", "camera", "coffee", "chelsea", "rocket", "brick", "grass", "gravel", "moon", "coins")
 
 
@@ -120,6 +122,22 @@ def _draw(img: np.ndarray, obj: SceneObject, u: np.ndarray) -> None:
     region[inside] = np.broadcast_to(rgb, region.shape)[inside]
 
 
+def object_mask(scene: Scene, grid: int) -> np.ndarray:
+    """bool [grid, grid]: the cells of a grid x grid partition of the image (a VQ tokenizer's tokens) that
+    hold any object pixel of the scene rendered at 8 px per cell (an f8 tokenizer's token), sampled at the
+    renderer's own supersampling points. Training weights these tokens' loss: they carry what GenEval checks."""
+    n = grid * 8 * SUPERSAMPLE
+    u = (np.arange(n) + 0.5) / n
+    covered = np.zeros((n, n), dtype=bool)
+    for obj in scene.objects:
+        lo, hi = np.searchsorted(u, obj.cx - obj.radius), np.searchsorted(u, obj.cx + obj.radius, side="right")
+        top, bot = np.searchsorted(u, obj.cy - obj.radius), np.searchsorted(u, obj.cy + obj.radius, side="right")
+        covered[top:bot, lo:hi] |= shape_mask(obj.shape, (u[None, lo:hi] - obj.cx) / obj.radius,
+                                              (u[top:bot, None] - obj.cy) / obj.radius)
+    cell = 8 * SUPERSAMPLE
+    return covered.reshape(grid, cell, grid, cell).any(axis=(1, 3))
+
+
 @functools.cache
 def _background_tint(name: str) -> np.ndarray:
     """RGB at HSV value 1 of a background colour: the colour's hue at the background saturation.
@@ -132,7 +150,7 @@ def _background_tint(name: str) -> np.ndarray:
     return skcolor.hsv2rgb(hue)[0, 0]
 
 
-def render(scene: Scene, size: int, supersample: int = 4) -> np.ndarray:
+def render(scene: Scene, size: int, supersample: int = SUPERSAMPLE) -> np.ndarray:
     """Render `scene` as uint8 RGB [size, size, 3]."""
     if size < 8:
         raise ValueError(f"size must be at least 8 px, got {size}")

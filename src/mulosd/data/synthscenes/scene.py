@@ -159,27 +159,33 @@ def _cells_for(prompt: Prompt, rng: np.random.Generator) -> list[int]:
     return list(pairs[int(rng.integers(len(pairs)))])
 
 
-def realise(prompt: Prompt, rng: np.random.Generator) -> Scene:
-    """Lay out one scene that satisfies `prompt`; unspecified colours are drawn at random."""
+def realise(prompt: Prompt, rng: np.random.Generator, radius: tuple[float, float] = vocab.RADIUS_RANGE) -> Scene:
+    """Lay out one scene that satisfies `prompt`; unspecified colours are drawn at random. `radius` is the
+    range of object half-sizes (fractions of the image side): the world's geometry."""
+    if not 0 < radius[0] <= radius[1] <= 0.5 / vocab.GRID - vocab.CELL_MARGIN:
+        raise ValueError(f"object radius range {tuple(radius)} must lie in (0, {0.5 / vocab.GRID - vocab.CELL_MARGIN:.4f}]"
+                         " so that an object stays inside its grid cell")
     cells = _cells_for(prompt, rng)
     cell = 1.0 / vocab.GRID
     placed = []
     kinds = [spec for spec in prompt.objects for _ in range(spec.count)]
     for spec, c in zip(kinds, cells, strict=True):
         row, col = divmod(c, vocab.GRID)
-        radius = float(rng.uniform(*vocab.RADIUS_RANGE))
-        slack = cell / 2 - radius - vocab.CELL_MARGIN  # how far the centre may move and stay in its cell
+        size = float(rng.uniform(*radius))
+        slack = cell / 2 - size - vocab.CELL_MARGIN  # how far the centre may move and stay in its cell
         cx = (col + 0.5) * cell + float(rng.uniform(-slack, slack))
         cy = (row + 0.5) * cell + float(rng.uniform(-slack, slack))
         colour = spec.colour or _choice(rng, vocab.COLOURS)
-        placed.append(SceneObject(spec.shape, colour, spec.texture, cx, cy, radius))
+        placed.append(SceneObject(spec.shape, colour, spec.texture, cx, cy, size))
     return Scene(prompt=prompt, objects=tuple(placed),
                  background=prompt.background or _choice(rng, vocab.BACKGROUND_COLOURS),
                  background_texture=prompt.background_texture or _choice(rng, vocab.BACKGROUND_TEXTURES),
                  background_seed=int(rng.integers(2**31)), cells=tuple(cells))
 
 
-def sample_scene(seed: int, index: int, category: str | None = None) -> Scene:
-    """Scene `index` of the world with `seed`: a pure function of both, so shards can be written in parallel."""
+def sample_scene(seed: int, index: int, category: str | None = None,
+                 radius: tuple[float, float] = vocab.RADIUS_RANGE) -> Scene:
+    """Scene `index` of the world with `seed`: a pure function of both (and of the object radius range), so
+    shards can be written in parallel."""
     rng = np.random.default_rng([seed, index])
-    return realise(sample_prompt(rng, category), rng)
+    return realise(sample_prompt(rng, category), rng, tuple(radius))

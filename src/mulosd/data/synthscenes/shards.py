@@ -21,6 +21,7 @@ from PIL import Image
 from .caption import caption_text
 from .render import render
 from .scene import sample_scene
+from .vocab import RADIUS_RANGE
 
 # Validation scenes come from indices no training shard reaches.
 VAL_FIRST_INDEX = 1_000_000_000
@@ -46,15 +47,17 @@ def encode_image(image, image_format: str) -> bytes:
     return buf.getvalue()
 
 
-def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, image_format: str = "png") -> Path:
-    """Write scenes first_index .. first_index+count-1 of world `seed` to one tar, atomically."""
+def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, image_format: str = "png",
+                radius: tuple[float, float] = RADIUS_RANGE) -> Path:
+    """Write scenes first_index .. first_index+count-1 of world `seed` (objects of half-size in `radius`)
+    to one tar, atomically."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             with wds.TarWriter(f) as sink:
                 for index in range(first_index, first_index + count):
-                    scene = sample_scene(seed, index)
+                    scene = sample_scene(seed, index, radius=radius)
                     caption = caption_text(scene.prompt)
                     meta = {"caption": caption, "width": size, "height": size, "seed": seed, "index": index,
                             "category": scene.prompt.category, "scene": scene.to_dict()}
@@ -71,7 +74,7 @@ def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, 
 
 def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size: int, seed: int,
                 first_index: int = 0, image_format: str = "png", workers: int | None = None,
-                progress: bool = True) -> list[Path]:
+                progress: bool = True, radius: tuple[float, float] = RADIUS_RANGE) -> list[Path]:
     """Write `num_shards` shards of `per_shard` scenes; shards already present are kept (resumable)."""
     from tqdm import tqdm
 
@@ -80,7 +83,7 @@ def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size
     for stale in out_dir.glob(f".{split}-*.tmp-*"):  # left by a killed writer
         stale.unlink(missing_ok=True)
     paths = [out_dir / shard_name(split, i) for i in range(num_shards)]
-    todo = [(p, seed, first_index + i * per_shard, per_shard, size, image_format)
+    todo = [(p, seed, first_index + i * per_shard, per_shard, size, image_format, tuple(radius))
             for i, p in enumerate(paths) if not p.exists()]
     workers = workers or min(len(todo), os.cpu_count() or 1) or 1
     with tqdm(total=len(todo), desc=f"writing {split} shards", unit="shard", disable=not progress) as bar:
