@@ -17,9 +17,9 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
+from torch import nn
 
 from ..ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
 from ..data.stream import to_image
