@@ -24,6 +24,7 @@ POINTS=(
   "lr3e-3|1.42|model.optim.lr=3e-3"
   "wide|2.81|model.transformer.dim=256 model.transformer.layers=8 model.transformer.heads=8 model.transformer.cond_dim=256"
   "big|1.42|$BIG"
+  "multires|1.79|model.resolutions=[64,128]"
 )
 
 train() {  # name batches overrides...
@@ -46,17 +47,19 @@ point() {  # one study point: train, then the AR report on its export
 }
 
 if [[ ${1:-} == calibrate ]]; then  # seconds per training batch (bf16 autocast, batch 32) on one thread
-  for arch in "192 6 6" "256 8 8"; do
+  for arch in "192 6 6 0" "256 8 8 0" "192 6 6 1"; do
     OMP_NUM_THREADS=1 $PY - $arch <<'EOF'
 import sys, time, torch
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.lit.ar import ARModule
-dim, layers, heads = (int(x) for x in sys.argv[1:4])
-m = ARModule(transformer=dict(vocab_size=1024, grid=16, dim=dim, layers=layers, heads=heads, cond_dim=dim),
+dim, layers, heads, multi = (int(x) for x in sys.argv[1:5])
+m = ARModule(transformer=dict(vocab_size=1024, grid=16, dim=dim, layers=layers, heads=heads, cond_dim=dim,
+                              grids=(8, 16) if multi else ()),
              tokenizer="-", resolution=128, cond_dropout=0.1, sample={}, train={"seed": 0, "batches": 1},
-             optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1, "warmup_batches": 0})
+             optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1, "warmup_batches": 0},
+             resolutions=[64, 128] if multi else None)
 opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-batch = {"tokens": torch.randint(0, 1024, (32, 16, 16)),
+batch = {"tokens": {128: torch.randint(0, 1024, (32, 16, 16)), 64: torch.randint(0, 1024, (32, 8, 8))},
          "caption": [caption_text(sample_scene(0, i).prompt) for i in range(32)]}
 def step():
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -65,7 +68,7 @@ def step():
 for _ in range(3): step()
 t = time.perf_counter()
 for _ in range(8): step()
-print(f"dim={dim} layers={layers}: {(time.perf_counter() - t) / 8:.2f} s per batch of 32 on one thread")
+print(f"dim={dim} layers={layers} grids={m.sizes}: {(time.perf_counter() - t) / 8:.2f} s per batch of 32 on one thread")
 EOF
   done
   exit 0

@@ -43,13 +43,14 @@ def _tiny_tokenizer(path, seed):
     return save(m, "vq_tokenizer", m.config.to_dict(), path, recipe="test"), m
 
 
-def _tiny_ar(path, tok_path, resolution, dim=32):
-    cfg = TransformerConfig(vocab_size=TINY_CODES, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16)
+def _tiny_ar(path, tok_path, resolution, dim=32, resolutions=()):
+    cfg = TransformerConfig(vocab_size=TINY_CODES, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16,
+                            grids=tuple(r // 8 for r in resolutions))
     model, enc = Transformer(cfg), SceneCaptionEncoder(16)
     save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
          {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, path, recipe="test",
          tokenizer=str(tok_path), tokenizer_sha256=tokenizer_digest(tok_path), resolution=resolution,
-         sample=TINY_SAMPLE)
+         sample=TINY_SAMPLE, resolutions=list(resolutions) or [resolution])
 
 
 def _tiny_sampler(path, model, kind, stage):
@@ -60,12 +61,13 @@ def _tiny_sampler(path, model, kind, stage):
 @pytest.fixture(scope="session")
 def tiny_zoo(tmp_path_factory):
     """Random-weight models with the zoo's layout: tokenizer, verifier 128 px, drafter 64 px, small drafter,
-    r=2 samplers, and an up-sampler trained on another tokenizer."""
+    a multi-resolution 64 + 128 px model, r=2 samplers, and an up-sampler trained on another tokenizer."""
     root = tmp_path_factory.mktemp("zoo")
     tok_path, tok = _tiny_tokenizer(root / "tok", 0)
     _tiny_ar(root / "ar128", tok_path, 128)
     _tiny_ar(root / "ar64", tok_path, 64)
     _tiny_ar(root / "small", tok_path, 128, dim=16)
+    _tiny_ar(root / "multi", tok_path, 128, resolutions=(64, 128))
     _tiny_sampler(root / "up", LatentUpsampler(tok.codebook(), 2, 16, 1, head="latent"), "up", "gan")
     _tiny_sampler(root / "down", LatentDownsampler(tok.codebook(), 2, 16, 1), "down", "token_ce")
     other_path, other = _tiny_tokenizer(root / "other_tok", 1)

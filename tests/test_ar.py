@@ -225,10 +225,12 @@ def tiny_tokenizer(tmp_path_factory):
     return save(m, "vq_tokenizer", m.config.to_dict(), tmp_path_factory.mktemp("tok") / "tok", recipe="test")
 
 
-@pytest.mark.parametrize("experiment", ["zoo_ar_32", "zoo_ar_64", "zoo_ar_128", "zoo_ar_128_small"])
+@pytest.mark.parametrize("experiment", ["zoo_ar_32", "zoo_ar_64", "zoo_ar_128", "zoo_ar_128_small",
+                                        "zoo_ar_128 model.resolutions=[64,128] model.object_weight=4 model.ema=0.9"])
 def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, tiny_tokenizer):
     shards = tmp_path_factory.getbasetemp() / "ar_shards"  # shared: written by the first recipe only
-    cmd = [sys.executable, "train.py", f"experiment={experiment}", f"hydra.run.dir={tmp_path}",
+    experiment, *levers = experiment.split()
+    cmd = [sys.executable, "train.py", f"experiment={experiment}", *levers, f"hydra.run.dir={tmp_path}",
            f"model.tokenizer={tiny_tokenizer}", f"data.synth.dir={shards}", "data.synth.train_shards=1",
            "data.synth.val_shards=1", "data.synth.per_shard=8", "data.batch_size=4", "trainer.fast_dev_run=2",
            "model.transformer.dim=32", "model.transformer.layers=1", "model.transformer.heads=2",
@@ -275,8 +277,10 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
 def test_token_batches_resume_where_they_stopped():
     from mulosd.data.tokens import TokenBatches
 
-    tokens = torch.arange(40).view(10, 2, 2)
+    tokens = {8: torch.arange(40).view(10, 2, 2), 4: torch.arange(10).view(10, 1, 1)}
     captions = [f"c{i}" for i in range(10)]
+    first = next(iter(TokenBatches(tokens, captions, 3, seed=7)))
+    assert torch.equal(first["tokens"][8].flatten(1)[:, 0] // 4, first["tokens"][4].flatten()), "sizes share scenes"
     full = [b["caption"] for b, _ in zip(TokenBatches(tokens, captions, 3, seed=7), range(8), strict=False)]
     resumed = [b["caption"] for b, _ in zip(TokenBatches(tokens, captions, 3, seed=7, start=5), range(3),
                                             strict=False)]
@@ -288,11 +292,11 @@ def test_token_batches_resume_where_they_stopped():
         TokenBatches(tokens, captions, 11, seed=0)
 
 
-def _module(**levers):
+def _module(grids=(), **levers):
     from mulosd.lit.ar import ARModule
 
     torch.manual_seed(0)
-    t = dict(vocab_size=48, grid=4, dim=32, layers=1, heads=2, cond_dim=16)
+    t = dict(vocab_size=48, grid=4, dim=32, layers=1, heads=2, cond_dim=16, grids=grids)
     return ARModule(transformer=t, tokenizer="unused", resolution=32, cond_dropout=0.0,
                     sample={"cfg_scale": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
                     optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1,
@@ -301,14 +305,14 @@ def _module(**levers):
 
 def test_object_weight_is_a_weighted_mean_of_the_token_ces():
     torch.manual_seed(1)
-    batch = {"tokens": torch.randint(0, 48, (3, 4, 4)), "caption": _captions(3),
-             "objects": torch.rand(3, 4, 4) < 0.3}
+    batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4))}, "caption": _captions(3),
+             "objects": {32: torch.rand(3, 4, 4) < 0.3}}
     plain, weighted = _module(), _module(object_weight=5.0)
-    ce = plain.token_ce(batch)
+    ce = plain.token_ce(batch, 32)
     assert torch.allclose(plain.loss(batch), ce.mean())
-    w = torch.where(batch["objects"].flatten(1), 5.0, 1.0)
+    w = torch.where(batch["objects"][32].flatten(1), 5.0, 1.0)
     assert torch.allclose(weighted.loss(batch), (w * ce).sum() / w.sum())  # same init: same per-token CE
-    obj = batch["objects"].flatten(1)
+    obj = batch["objects"][32].flatten(1)
     assert (weighted.loss(batch) - ce.mean()).sign() == (ce[obj].mean() - ce[~obj].mean()).sign()
     with pytest.raises(ValueError, match="object masks"):
         weighted.loss({k: v for k, v in batch.items() if k != "objects"})
@@ -332,3 +336,41 @@ def test_ema_averages_the_weights_and_is_what_decoding_and_export_use():
     m.on_train_batch_end(None, None, 2)  # a skipped (non-finite) step leaves the average alone
     assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6)
     assert _module().weights()[0] is not None and _module().ema is None
+
+
+def test_a_multi_resolution_model_is_one_set_of_weights_seen_at_each_grid():
+    cfg = TransformerConfig(vocab_size=48, grid=4, grids=(2, 4), dim=32, layers=2, heads=2, cond_dim=16)
+    big, enc = _model(cfg=cfg)
+    small = big.at_grid(2)
+    assert small.cfg.grid == 2 and big.cfg.grid == 4 and big.at_grid(4) is big
+    assert {n: p for n, p in small.named_parameters()} == {n: p for n, p in big.named_parameters()}
+    # the view is exactly the model built at that grid with the same weights
+    torch.manual_seed(0)
+    built = Transformer(TransformerConfig(**{**cfg.__dict__, "grid": 2})).double().eval()
+    built.load_state_dict(big.state_dict())
+    tokens, cond = torch.randint(0, 48, (2, 4)), enc(_captions(2))
+    assert torch.allclose(small(tokens, cond), built(tokens, cond))
+    # KV-cached decoding on the view equals its full forward, with a cache of the view's size
+    bb = ARBackbone(small, enc)
+    logits = [bb.start(_captions(2))]
+    for i in range(3):
+        logits.append(bb(torch.full((2, 1), i), tokens[:, i:i + 1]))
+    assert bb.cache.k[0].shape[2] == cfg.prefix + 4
+    assert torch.allclose(torch.cat(logits, 1), small(tokens, cond).float(), atol=1e-5)
+    # the resolution embedding tells the grids apart: the same prefix predicts differently
+    assert not torch.allclose(small(tokens[:, :1], cond)[:, 0], big(tokens[:, :1], cond)[:, 0])
+    with pytest.raises(ValueError, match="grids"):
+        big.at_grid(8)
+    with pytest.raises(ValueError, match="not one of"):
+        TransformerConfig(grid=16, grids=(4, 8))
+
+
+def test_a_multi_resolution_module_averages_the_loss_over_its_grids():
+    torch.manual_seed(1)
+    m = _module(grids=(2, 4), resolutions=[16, 32])
+    batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4)), 16: torch.randint(0, 48, (3, 2, 2))},
+             "caption": _captions(3)}
+    assert m.sizes == [16, 32]
+    ce16, ce32 = m.token_ce(batch, 16), m.token_ce(batch, 32)
+    assert ce16.shape == (3, 4) and ce32.shape == (3, 16)
+    assert torch.allclose(m.loss(batch), (ce16.mean() + ce32.mean()) / 2)

@@ -109,3 +109,26 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
     assert torch.equal(plain, decode_ar(ARBackbone(m.drafter, m.drafter_encoder, m.cfg_scale), captions,
                                         warpers=greedy, image_ids=ids)[0])
     assert not torch.equal(guided, plain)
+
+
+@pytest.mark.parametrize("drafter", [None, "multi"])
+def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
+    """One checkpoint, two views: the drafter is the verifier's weights at the low grid, with its own cache."""
+    from mulosd.inference import Models
+    from mulosd.zoo import load_ar
+
+    models = ["tokenizer=tok", "verifier=multi", "up=up", "down=down"] + ([f"drafter={drafter}"] if drafter else [])
+    cfg = compose_config("infer", [f"models.{k}={tiny_zoo / v}" for k, v in (m.split("=") for m in models)]
+                         + ["tau=0.05", "prompt=two crosses"])
+    m = Models(cfg, {"mulosd"})
+    assert m.verifier.cfg.grid == 16 and m.drafter.cfg.grid == 8
+    if drafter is None:
+        assert m.drafter.head.weight is m.verifier.head.weight and m.drafter_encoder is m.encoder
+    tokens, trace = m.decode("mulosd", cfg, ["two crosses"], torch.arange(1))
+    assert tokens.shape == (1, 16, 16) and trace.rounds
+    low, _, meta = load_ar(tiny_zoo / "multi", resolution=64)
+    assert low.cfg.grid == 8 and meta["resolution"] == 64
+    with pytest.raises(ValueError, match="not at 32 px"):
+        load_ar(tiny_zoo / "multi", resolution=32)
+    with pytest.raises(ValueError, match="not at 64 px"):
+        load_ar(tiny_zoo / "ar128", resolution=64)

@@ -164,6 +164,9 @@ class ARModelConfig:
     name: str = "ar"
     tokenizer: str = "synthscenes_vq_f8"  # zoo name or exported directory
     resolution: int = 128  # image side; the grid is resolution / the tokenizer's downsample factor
+    # a multi-resolution model: one transformer trained on the grids of all these image sides together
+    # (resolution among them is its default); [] = a model of `resolution` alone
+    resolutions: list[int] = field(default_factory=list)
     cond_dropout: float = 0.1  # caption dropout (the null condition) for classifier-free guidance
     object_weight: float = 1.0  # loss weight of the tokens that hold an object (SynthScenes knows its masks)
     ema: float = 0.0  # decay of an EMA of the weights, used for validation and export (0 = none)
@@ -406,6 +409,8 @@ def _validate_ar(m: DictConfig) -> DictConfig:
     _require(m.resolution >= 8, "model.resolution", f"must be >= 8, got {m.resolution}")
     _require(0 <= m.cond_dropout < 1, "model.cond_dropout", f"must be in [0, 1), got {m.cond_dropout}")
     _require(m.object_weight > 0, "model.object_weight", f"must be > 0, got {m.object_weight}")
+    _require(not m.resolutions or m.resolution in m.resolutions, "model.resolutions",
+             f"must include model.resolution={m.resolution}, got {list(m.resolutions)}")
     _require(0 <= m.ema < 1, "model.ema", f"must be in [0, 1), got {m.ema}")
     _require(t.dim % t.heads == 0 and (t.dim // t.heads) % 4 == 0, "model.transformer.heads",
              f"dim {t.dim} / heads {t.heads} must be a multiple of 4 (2D RoPE splits each head in four)")

@@ -68,9 +68,16 @@ class Models:
                                   f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
             self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), k)
         if "mulosd" in strategies:
-            name = m.drafter or f"synthscenes_ar_{meta['resolution'] // r}"
-            self.drafter, self.drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
-            _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
+            low = meta["resolution"] // r
+            if m.drafter is None and low in (meta.get("resolutions") or []):
+                # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache
+                self.drafter, self.drafter_encoder = self.verifier.at_grid(self.verifier.cfg.grid // r), self.encoder
+            else:
+                name = m.drafter or f"synthscenes_ar_{low}"
+                self.drafter, self.drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
+                _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
+                if low in (dmeta.get("resolutions") or []):  # a multi-resolution drafter, at the low grid
+                    self.drafter = self.drafter.at_grid(self.verifier.cfg.grid // r)
             if self.verifier.cfg.grid != r * self.drafter.cfg.grid:
                 raise ConfigError("r", f"verifier grid {self.verifier.cfg.grid} is not r={r} x the drafter grid "
                                        f"{self.drafter.cfg.grid}")

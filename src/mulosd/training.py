@@ -75,11 +75,12 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         except FileNotFoundError as e:
             raise ConfigError("model.tokenizer", str(e)) from None
         f = 2 ** (len(vq["ch_mult"]) - 1)
-        if m["resolution"] % f:
-            raise ConfigError("model.resolution", f"{m['resolution']} is not a multiple of the tokenizer's "
-                                                  f"downsample factor {f}")
+        for key, res in [("model.resolution", m["resolution"])] + [("model.resolutions", r) for r in m["resolutions"]]:
+            if res % f:
+                raise ConfigError(key, f"{res} is not a multiple of the tokenizer's downsample factor {f}")
+        grids = sorted({r // f for r in m["resolutions"]}) if len(set(m["resolutions"])) > 1 else []
         m["transformer"] |= {"vocab_size": vq["codebook_size"], "grid": m["resolution"] // f,
-                             "prefix": SceneCaptionEncoder.prefix}
+                             "prefix": SceneCaptionEncoder.prefix, "grids": grids}
         return ARModule(**{k: v for k, v in m.items() if k != "name"})
     if m["name"] == "sampler":
         from .lit.sampler import SamplerModule

@@ -105,9 +105,11 @@ def _load_state(path: Path) -> dict:
     return {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
 
 
-def load_ar(name_or_path: str | Path, device="cpu"):
+def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = None):
     """-> (Transformer, SceneCaptionEncoder, meta) of an exported AR model, in eval mode. The meta records
-    the tokenizer it was trained on (name and weights digest), its resolution and its sampling defaults."""
+    the tokenizer it was trained on (name and weights digest), its resolution and its sampling defaults.
+    A multi-resolution model is returned at `resolution` (default: its own default), and meta["resolution"]
+    says which; asking a single-resolution model for another size is an error."""
     from .ar import SceneCaptionEncoder, Transformer, TransformerConfig
 
     path = resolve(name_or_path)
@@ -119,6 +121,12 @@ def load_ar(name_or_path: str | Path, device="cpu"):
     torch.nn.ModuleDict({"model": model, "encoder": encoder}).load_state_dict(_load_state(path))
     model.eval().requires_grad_(False).to(device)
     encoder.eval().requires_grad_(False).to(device)
+    if resolution is not None and resolution != meta["resolution"]:
+        sizes = meta.get("resolutions") or [meta["resolution"]]
+        if resolution not in sizes:
+            raise ValueError(f"{path} draws at {', '.join(f'{s} px' for s in sizes)}, not at {resolution} px")
+        model = model.at_grid(resolution // (meta["resolution"] // model.cfg.grid))
+        meta = meta | {"resolution": resolution}
     return model, encoder, meta
 
 

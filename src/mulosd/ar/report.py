@@ -1,8 +1,9 @@
 """python -m mulosd.ar.report [--n 200] [--batch 25] [--models synthscenes_ar_32,...]
 
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
-set, at every resolution: SynthScenes-GenEval (per category and averaged), per-token latency at batch 1
-(the sequential step a speculative decoder saves) and batched throughput, on this machine's CPU.
+set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
+(per category and averaged), per-token latency at batch 1 (the sequential step a speculative decoder saves)
+and batched throughput, on this machine's CPU.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ from ..data.stream import to_image
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
 from ..eval import geneval_score, prompt_set
-from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer
+from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
 from . import ARBackbone, Warpers
 
 MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
-             progress: bool = True) -> dict:
-    model, encoder, meta = load_ar(model_name)
+             progress: bool = True, resolution: int | None = None) -> dict:
+    model, encoder, meta = load_ar(model_name, resolution=resolution)
     check_same_tokenizer(meta, tokenizer_name, model_name)
     tokenizer = load_tokenizer(tokenizer_name)
     s = meta["sample"]
     warpers = Warpers(s["temperature"], s["top_k"], s["top_p"])
     images, start = [], time.perf_counter()
-    for i in tqdm(range(0, len(prompts), batch), desc=f"{model_name}", disable=not progress):
+    for i in tqdm(range(0, len(prompts), batch), desc=f"{model_name} {meta['resolution']} px", disable=not progress):
         chunk = prompts[i:i + batch]
         bb = ARBackbone(model, encoder, cfg_scale=s["cfg_scale"])
         tokens, _ = decode_ar(bb, chunk, seed=0, warpers=warpers, image_ids=torch.arange(i, i + len(chunk)))
@@ -66,7 +67,11 @@ def main(argv=None) -> int:
     rows = {}
     for name in args.models.split(","):
         try:
-            rows[name] = evaluate(name, args.tokenizer, prompts, args.batch)
+            meta = read_config(name)
+            sizes = meta.get("resolutions") or [meta["resolution"]]
+            for px in sizes:
+                label = f"{name}@{px}" if len(sizes) > 1 else name
+                rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px)
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -82,11 +82,12 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
 
 
 class TokenBatches(IterableDataset):
-    """Endless batches {tokens [B, g, g] long, caption [B], objects [B, g, g] bool where known} from a
-    seeded permutation per epoch, starting at global batch `start` (a resumed run's counter)."""
+    """Endless batches {tokens: {px: [B, g, g] long}, caption [B], objects: {px: [B, g, g] bool} where known}
+    from a seeded permutation per epoch, starting at global batch `start` (a resumed run's counter). Every
+    size in `tokens` holds the same scenes (a multi-resolution model trains on their grids together)."""
 
-    def __init__(self, tokens: torch.Tensor, captions: list[str], batch_size: int, seed: int, start: int = 0,
-                 objects: torch.Tensor | None = None):
+    def __init__(self, tokens: dict[int, torch.Tensor], captions: list[str], batch_size: int, seed: int,
+                 start: int = 0, objects: dict[int, torch.Tensor] | None = None):
         if len(captions) < batch_size:
             raise ValueError(f"{len(captions)} samples cannot fill one batch of {batch_size}")
         self.tokens, self.captions, self.objects = tokens, captions, objects
@@ -103,22 +104,25 @@ class TokenBatches(IterableDataset):
             b += 1
 
 
-def _batch(tokens: torch.Tensor, captions: list[str], objects: torch.Tensor | None, idx: torch.Tensor) -> dict:
-    out = {"tokens": tokens[idx].long(), "caption": [captions[j] for j in idx.tolist()]}
+def _batch(tokens: dict[int, torch.Tensor], captions: list[str], objects: dict[int, torch.Tensor] | None,
+           idx: torch.Tensor) -> dict:
+    out = {"tokens": {s: t[idx].long() for s, t in tokens.items()}, "caption": [captions[j] for j in idx.tolist()]}
     if objects is not None:
-        out["objects"] = objects[idx].bool()
+        out["objects"] = {s: m[idx].bool() for s, m in objects.items()}
     return out
 
 
 class TokenDataModule(L.LightningDataModule):
-    def __init__(self, shards: ShardDataModule, tokenizer: str, size: int, batch_size: int, seed: int,
+    """The cached grids of the image sizes `sizes` (px), batched together by scene."""
+
+    def __init__(self, shards: ShardDataModule, tokenizer: str, sizes: list[int], batch_size: int, seed: int,
                  val_batches: int = 4, cache_dir: str | Path = "data/tokens"):
         super().__init__()
-        self.shards, self.tokenizer_name, self.size = shards, tokenizer, size
+        self.shards, self.tokenizer_name, self.sizes = shards, tokenizer, [int(s) for s in sizes]
         self.batch_size, self.seed, self.val_batches = batch_size, seed, val_batches
         self.cache_dir = Path(cache_dir)
         self.train_batches = self.skip_batches = 0
-        self.data: dict[str, tuple[torch.Tensor, list[str], torch.Tensor | None]] = {}
+        self.data: dict[str, tuple[dict[int, torch.Tensor], list[str], dict[int, torch.Tensor] | None]] = {}
 
     def _path(self, split: str, urls: str) -> Path:
         from ..zoo import tokenizer_identity
@@ -145,12 +149,14 @@ class TokenDataModule(L.LightningDataModule):
         for split, urls in self._splits().items():
             path = self._path(split, urls)
             tensors = load_file(str(path) + ".safetensors")
-            key = f"tokens{self.size}"
-            if key not in tensors:
-                raise ValueError(f"no {self.size} px tokens in {path} (has {', '.join(sorted(tensors))}): "
-                                 f"set data.image_size / data.ratios so that {self.size} px is among the views")
+            for size in self.sizes:
+                if f"tokens{size}" not in tensors:
+                    raise ValueError(f"no {size} px tokens in {path} (has {', '.join(sorted(tensors))}): set "
+                                     f"data.image_size / data.ratios so that {size} px is among the views")
             meta = json.loads(Path(str(path) + ".json").read_text())
-            self.data[split] = (tensors[key], meta["captions"], tensors.get(f"objects{self.size}"))
+            objects = {s: tensors[f"objects{s}"] for s in self.sizes if f"objects{s}" in tensors}
+            self.data[split] = ({s: tensors[f"tokens{s}"] for s in self.sizes}, meta["captions"],
+                                objects if len(objects) == len(self.sizes) else None)
 
     @property
     def has_objects(self) -> bool:
@@ -159,7 +165,8 @@ class TokenDataModule(L.LightningDataModule):
 
     def summary(self) -> str:
         n = {k: len(v[1]) for k, v in self.data.items()}
-        return f"{self.train_batches} batches from {n.get('train', 0)} tokenised scenes ({self.size} px)"
+        px = " + ".join(f"{s} px" for s in self.sizes)
+        return f"{self.train_batches} batches from {n.get('train', 0)} tokenised scenes ({px})"
 
     def state_dict(self) -> dict:
         return {"train_batches": self.train_batches}

@@ -1,7 +1,9 @@
 """LightningModule that trains an AR transformer on a tokenizer's grids: next-token CE with caption dropout.
 
 The learning rate follows timm's cosine schedule with warm-up, stepped from the batch counter, so a resumed
-run is on the same schedule without scheduler state. Two optional levers: `object_weight` multiplies the
+run is on the same schedule without scheduler state. With `resolutions` (e.g. [64, 128]) one multi-resolution
+transformer trains on every grid of the same scenes at once, the loss averaged over the grids (`resolution` is
+the one it exports as its default). Two optional levers: `object_weight` multiplies the
 loss of the tokens that hold an object (the world knows each object's mask; most tokens are background
 texture, which GenEval never checks), and `ema` keeps an exponential moving average of the weights (timm's
 ModelEmaV3), which validation, the samples and the export then use. Validation reports the CE on held-out
@@ -38,7 +40,8 @@ class ARModule(L.LightningModule):
     optimizer_steps_per_batch = 1
 
     def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
-                 optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0):
+                 optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0,
+                 resolutions: list[int] | None = None):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         self.model, self.encoder = build_ar(transformer)
@@ -50,6 +53,8 @@ class ARModule(L.LightningModule):
         self.batches_seen = 0
         self.drop_rng = torch.Generator().manual_seed(int(train["seed"]))
         self.guard = NonFiniteGuard()
+        self.sizes = sorted(set(resolutions or []) | {resolution})
+        self.px_per_token = resolution // self.model.cfg.grid
 
     def configure_optimizers(self):
         o = self.optim
@@ -63,22 +68,28 @@ class ARModule(L.LightningModule):
                                           warmup_lr_init=o["lr"] * 0.01, t_in_epochs=False)
         return opt
 
-    def token_ce(self, batch: dict, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
-        """Per-token CE [B, N] of the teacher-forced sequences (with the EMA weights if asked)."""
+    def token_ce(self, batch: dict, size: int, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
+        """Per-token CE [B, N] of the teacher-forced sequences at `size` px (with the EMA weights if asked)."""
         nets = self.ema.module if ema else {"model": self.model, "encoder": self.encoder}
-        tokens = batch["tokens"].flatten(1)
-        logits = nets["model"](tokens, nets["encoder"](batch["caption"]), drop)
+        tokens = batch["tokens"][size].flatten(1)
+        model = nets["model"].at_grid(size // self.px_per_token)
+        logits = model(tokens, nets["encoder"](batch["caption"]), drop)
         return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), reduction="none").view_as(tokens)
 
     def loss(self, batch: dict, drop: torch.Tensor | None = None) -> torch.Tensor:
-        ce = self.token_ce(batch, drop)
+        """The (object-weighted) mean token CE, averaged over the model's grids."""
         w = self.hparams["object_weight"]
-        if w == 1.0:
-            return ce.mean()
-        if "objects" not in batch:
+        if w != 1.0 and "objects" not in batch:
             raise ValueError("model.object_weight needs object masks, which only SynthScenes shards carry")
-        weight = 1.0 + (w - 1.0) * batch["objects"].flatten(1).to(ce.dtype)
-        return (weight * ce).sum() / weight.sum()  # a weighted mean: the lr means the same at any weight
+        losses = []
+        for size in self.sizes:
+            ce = self.token_ce(batch, size, drop)
+            if w == 1.0:
+                losses.append(ce.mean())
+                continue
+            weight = 1.0 + (w - 1.0) * batch["objects"][size].flatten(1).to(ce.dtype)
+            losses.append((weight * ce).sum() / weight.sum())  # a weighted mean: the lr means the same at any w
+        return torch.stack(losses).mean()
 
     def on_fit_start(self) -> None:
         dm = self.trainer.datamodule
@@ -109,13 +120,15 @@ class ARModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx):
         n = len(batch["caption"])
-        ce = self.token_ce(batch, ema=self.ema is not None)
-        self.log("val/ce", ce.mean(), batch_size=n)
-        if "objects" in batch:
-            obj = batch["objects"].flatten(1)
-            # per-batch means over object / background tokens (batches are large enough to hold both)
-            self.log("val/ce_objects", ce[obj].mean(), batch_size=n)
-            self.log("val/ce_background", ce[~obj].mean(), batch_size=n)
+        for size in self.sizes:  # val/ce is the default resolution's; other grids carry their size
+            tag = "" if size == self.hparams["resolution"] else f"_{size}px"
+            ce = self.token_ce(batch, size, ema=self.ema is not None)
+            self.log(f"val/ce{tag}", ce.mean(), batch_size=n)
+            if "objects" in batch:
+                obj = batch["objects"][size].flatten(1)
+                # per-batch means over object / background tokens (batches are large enough to hold both)
+                self.log(f"val/ce_objects{tag}", ce[obj].mean(), batch_size=n)
+                self.log(f"val/ce_background{tag}", ce[~obj].mean(), batch_size=n)
         if batch_idx == 0:
             self._log_samples(batch["caption"][:8])
 
@@ -162,7 +175,7 @@ class ARModule(L.LightningModule):
     def datamodule(self, shards, cfg):
         from ..data.tokens import TokenDataModule
 
-        return TokenDataModule(shards, self.hparams["tokenizer"], self.hparams["resolution"],
+        return TokenDataModule(shards, self.hparams["tokenizer"], self.sizes,
                                batch_size=cfg.data.batch_size, seed=int(self.train_cfg["seed"]),
                                val_batches=int(self.train_cfg["val_batches"]), cache_dir=cfg.data.token_cache)
 
@@ -176,4 +189,5 @@ class ARModule(L.LightningModule):
                     {"transformer": dict(h["transformer"]), "encoder": "synthscenes_slots"}, out_dir, recipe,
                     tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                     resolution=h["resolution"], batches=self.batches_seen,
-                    sample=dict(h["sample"]), object_weight=h["object_weight"], ema=h["ema"])
+                    sample=dict(h["sample"]), object_weight=h["object_weight"], ema=h["ema"],
+                    resolutions=self.sizes)
