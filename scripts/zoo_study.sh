@@ -39,9 +39,11 @@ point() {  # one study point: train, then the AR report on its export
   [[ -f $dir/report.txt ]] && { echo "$name: done"; return; }
   local batches; batches=$(python3 -c "print(int($BUDGET_S / $spb))")
   mkdir -p "$dir"
-  # shellcheck disable=SC2086
-  /usr/bin/time -v -o "$dir/time.txt" bash -c "$(declare -f train); PY=$PY STUDY=$STUDY train $name $batches $over" \
-    > "$dir/train.log" 2>&1
+  if [[ ! -f $dir/export/config.json ]]; then  # an exported point only needs its report
+    # shellcheck disable=SC2086
+    /usr/bin/time -v -o "$dir/time.txt" bash -c "$(declare -f train); PY=$PY STUDY=$STUDY train $name $batches $over" \
+      > "$dir/train.log" 2>&1
+  fi
   OMP_NUM_THREADS=1 $PY -m mulosd.ar.report --n 200 --models "$dir/export" > "$dir/report.txt" 2> "$dir/report.log"
   echo "$name: $(tail -1 "$dir/report.txt")"
 }
