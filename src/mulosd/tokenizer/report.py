@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.stream import to_image, to_tensor
-from ..data.synthscenes import judge, render, sample_scene
+from ..data.synthscenes import judge, render, sample_scene, vocab
 from ..data.synthscenes.judge import falsify
 from ..lit.tokenizer import psnr
 from ..losses import build_lpips
@@ -31,9 +31,9 @@ def _agreement(image: np.ndarray, scene, wrong) -> list[bool]:
 
 @torch.no_grad()
 def evaluate(tokenizer, n: int = 200, seed: int = HELD_OUT_SEED, sizes=(32, 64, 128), batch: int = 50,
-             progress: bool = True) -> dict:
+             progress: bool = True, radius=vocab.RADIUS_RANGE) -> dict:
     lpips = build_lpips("alex")
-    scenes = [sample_scene(seed, i) for i in range(n)]
+    scenes = [sample_scene(seed, i, radius=radius) for i in range(n)]
     wrongs = [falsify(s, np.random.default_rng([seed, i, 1])) for i, s in enumerate(scenes)]
     rows = {}
     for size in sizes:
@@ -65,17 +65,27 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", default=TOKENIZER, help="zoo name or exported directory")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--seed", type=int, default=HELD_OUT_SEED)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128])
+    ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
+                    help="the world's object half-size range (fractions of the image side)")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be >= 1")
+    if any(s < 8 or s % 8 for s in args.sizes):
+        ap.error("--sizes must be multiples of 8")
     torch.manual_seed(0)
     try:
         tok = load_tokenizer(args.tokenizer)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = evaluate(tok, n=args.n, seed=args.seed)
-    print(f"tokenizer {args.tokenizer} on {args.n} held-out scenes (world seed {args.seed})")
+    try:
+        rows = evaluate(tok, n=args.n, seed=args.seed, sizes=args.sizes, radius=tuple(args.radius))
+    except ValueError as e:  # a radius range that does not fit the world's grid
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"tokenizer {args.tokenizer} on {args.n} held-out scenes (world seed {args.seed}, object radius "
+          f"{args.radius[0]:g}-{args.radius[1]:g})")
     print("| size | PSNR dB | LPIPS | codes used | perplexity | judge (round trip) | judge (original) |")
     print("|---|---|---|---|---|---|---|")
     for size, r in rows.items():
