@@ -268,9 +268,10 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     save(other, "vq_tokenizer", other.config.to_dict(), tmp_path / "other", recipe="test")
     with pytest.raises(ValueError, match="trained on tokenizer"):
         check_same_tokenizer(meta, tmp_path / "other", "ar32")
-    assert main(["--n", "6", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer)]) == 0
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("ar: geneval32=") and 0 <= float(last.split("=")[1]) <= 1
+    assert main(["--n", "6", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer), "--fd"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("ar: geneval32=") and 0 <= float(out[-1].split("=")[1]) <= 1
+    assert "FD-VGG" in out[1] and float(out[3].split("|")[-2]) > 0  # random weights: far from the world
     assert main(["--n", "6", "--models", str(ar), "--tokenizer", str(tmp_path / "other")]) == 2
 
 

@@ -23,7 +23,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .config import validate_bench, with_overrides
-from .eval import geneval_score, paired_difference, prompt_set
+from .eval import geneval_score, paired_difference, prompt_set, reference_renders
 
 BASELINES = ("zipar", "sd", "lantern")
 
@@ -121,7 +121,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point], done: dict) -> dict:
     from .eval.real_metrics import real_metrics
 
-    reference = _references(prompts, cfg.seed) if cfg.fd or cfg.metrics else None
+    reference = reference_renders(prompts, 128, cfg.seed) if cfg.fd or cfg.metrics else None
     if cfg.fd:
         from .eval.fd import frechet_distance, vgg_features
 
@@ -158,12 +158,6 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     line = _last_line(rows, ar)
     print(line)
     return {"rows": rows, "line": line}
-
-
-def _references(prompts: list[str], seed: int) -> list[np.ndarray]:
-    from .data.synthscenes import parse_caption, realise, render
-
-    return [render(realise(parse_caption(t), np.random.default_rng([seed, i])), 128) for i, t in enumerate(prompts)]
 
 
 def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:

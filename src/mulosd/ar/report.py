@@ -3,7 +3,8 @@
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
 set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
 (per category and averaged), per-token latency at batch 1 (the sequential step a speculative decoder saves)
-and batched throughput, on this machine's CPU.
+and batched throughput, on this machine's CPU. With --fd also FD-VGG against the world's own renders of the
+same prompts at the model's size (in the world geometry --radius).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import torch
 from tqdm import tqdm
 
 from ..data.stream import to_image
+from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
-from ..eval import geneval_score, prompt_set
+from ..eval import geneval_score, prompt_set, reference_renders
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
 from . import ARBackbone, Warpers
 
@@ -26,7 +28,8 @@ MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
-             progress: bool = True, resolution: int | None = None) -> dict:
+             progress: bool = True, resolution: int | None = None, fd_radius: tuple[float, float] | None = None
+             ) -> dict:
     model, encoder, meta = load_ar(model_name, resolution=resolution)
     check_same_tokenizer(meta, tokenizer_name, model_name)
     tokenizer = load_tokenizer(tokenizer_name)
@@ -47,9 +50,15 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
         lat.append(trace.wall_s / trace.steps)
     score = geneval_score(images, prompts)
     params = sum(p.numel() for p in model.parameters())
+    fd = None
+    if fd_radius is not None:
+        from ..eval.fd import frechet_distance, vgg_features
+
+        reference = reference_renders(prompts, meta["resolution"], seed=0, radius=fd_radius)
+        fd = frechet_distance(vgg_features(images), vgg_features(reference))
     return {"resolution": meta["resolution"], "grid": model.cfg.grid, "params": params, "score": score,
             "ms_per_token": 1000 * float(torch.tensor(lat).median()),
-            "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "images": images}
+            "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "images": images, "fd_vgg": fd}
 
 
 def main(argv=None) -> int:
@@ -59,6 +68,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=25)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokenizer", default=TOKENIZER)
+    ap.add_argument("--fd", action="store_true", help="also FD-VGG against the world's renders of the prompts")
+    ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
+                    help="the world geometry of the FD references (object half-size range)")
     args = ap.parse_args(argv)
     if args.n < 1 or args.batch < 1:
         ap.error("--n and --batch must be >= 1")
@@ -71,19 +83,21 @@ def main(argv=None) -> int:
             sizes = meta.get("resolutions") or [meta["resolution"]]
             for px in sizes:
                 label = f"{name}@{px}" if len(sizes) > 1 else name
-                rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px)
+                rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px,
+                                       fd_radius=tuple(args.radius) if args.fd else None)
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
     cats = [c for c in CATEGORIES if any(c in r["score"] for r in rows.values())]
     print(f"plain AR with CFG on {args.n} held-out prompts, {torch.get_num_threads()} CPU threads")
     print("| model | px | grid | params | CFG | " + " | ".join(cats) + " | GenEval | ms/token (batch 1) | images/s "
-          f"(batch {args.batch}) |")
-    print("|---" * (8 + len(cats)) + "|")
+          f"(batch {args.batch}) |" + (" FD-VGG |" if args.fd else ""))
+    print("|---" * (8 + len(cats) + args.fd) + "|")
     for name, r in rows.items():
         print(f"| {name} | {r['resolution']} | {r['grid']}x{r['grid']} | {r['params'] / 1e6:.1f}M | {r['cfg_scale']} | "
               + " | ".join(f"{r['score'].get(c, float('nan')):.2f}" for c in cats)
-              + f" | {r['score']['geneval']:.3f} | {r['ms_per_token']:.2f} | {r['images_per_s']:.2f} |")
+              + f" | {r['score']['geneval']:.3f} | {r['ms_per_token']:.2f} | {r['images_per_s']:.2f} |"
+              + (f" {r['fd_vgg']:.2f} |" if args.fd else ""))
     by_res = {r["resolution"]: r for r in rows.values()}
     fields = [f"geneval{res}={by_res[res]['score']['geneval']:.3f}" for res in sorted(by_res)]
     if 128 in by_res:

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..data.synthscenes import caption_text, judge, parse_caption, sample_scene
-from ..data.synthscenes.vocab import CATEGORIES
+from ..data.synthscenes import caption_text, judge, parse_caption, realise, render, sample_scene
+from ..data.synthscenes.vocab import CATEGORIES, RADIUS_RANGE
 
 EVAL_SEED = 4242  # training shards use world seed 0
 
 
 def prompt_set(n: int = 200, seed: int = EVAL_SEED) -> list[str]:
     return [caption_text(sample_scene(seed, i).prompt) for i in range(n)]
+
+
+def reference_renders(prompts: list[str], size: int = 128, seed: int = EVAL_SEED,
+                      radius: tuple[float, float] = RADIUS_RANGE) -> list[np.ndarray]:
+    """The world's own pictures of the prompts: one layout each (seeded per prompt index), rendered at `size`
+    in the world geometry `radius`. The reference set of FD-VGG."""
+    return [render(realise(parse_caption(t), np.random.default_rng([seed, i]), tuple(radius)), size)
+            for i, t in enumerate(prompts)]
 
 
 def geneval_score(images: list[np.ndarray], captions: list[str]) -> dict:
