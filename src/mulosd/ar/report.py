@@ -20,7 +20,7 @@ from ..data.stream import to_image
 from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
-from ..eval import geneval_score, prompt_set, reference_renders
+from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
 from . import ARBackbone, Warpers
 
@@ -68,14 +68,18 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=25)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--tokenizer", default=TOKENIZER)
+    ap.add_argument("--prompt-seed", type=int, default=EVAL_SEED,
+                    help="world seed of the prompt set (another seed: a second, independent set)")
     ap.add_argument("--fd", action="store_true", help="also FD-VGG against the world's renders of the prompts")
     ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
                     help="the world geometry of the FD references (object half-size range)")
     args = ap.parse_args(argv)
     if args.n < 1 or args.batch < 1:
         ap.error("--n and --batch must be >= 1")
+    if args.prompt_seed == 0:
+        ap.error("--prompt-seed 0 is the training shards' world seed: its prompts are not held out")
     torch.manual_seed(0)
-    prompts = prompt_set(args.n)
+    prompts = prompt_set(args.n, seed=args.prompt_seed)
     rows = {}
     for name in args.models.split(","):
         try:
@@ -89,7 +93,8 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
     cats = [c for c in CATEGORIES if any(c in r["score"] for r in rows.values())]
-    print(f"plain AR with CFG on {args.n} held-out prompts, {torch.get_num_threads()} CPU threads")
+    print(f"plain AR with CFG on {args.n} held-out prompts (world seed {args.prompt_seed}), "
+          f"{torch.get_num_threads()} CPU threads")
     print("| model | px | grid | params | CFG | " + " | ".join(cats) + " | GenEval | ms/token (batch 1) | images/s "
           f"(batch {args.batch}) |" + (" FD-VGG |" if args.fd else ""))
     print("|---" * (8 + len(cats) + args.fd) + "|")
