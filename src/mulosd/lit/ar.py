@@ -124,6 +124,8 @@ class ARModule(L.LightningModule):
             tag = "" if size == self.hparams["resolution"] else f"_{size}px"
             ce = self.token_ce(batch, size, ema=self.ema is not None)
             self.log(f"val/ce{tag}", ce.mean(), batch_size=n)
+            if self.ema is not None:  # the raw weights beside their average: what the EMA buys, measured
+                self.log(f"val/ce_raw{tag}", self.token_ce(batch, size).mean(), batch_size=n)
             if "objects" in batch:
                 obj = batch["objects"][size].flatten(1)
                 # per-batch means over object / background tokens (batches are large enough to hold both)
