@@ -375,3 +375,19 @@ def test_a_multi_resolution_module_averages_the_loss_over_its_grids():
     ce16, ce32 = m.token_ce(batch, 16), m.token_ce(batch, 32)
     assert ce16.shape == (3, 4) and ce32.shape == (3, 16)
     assert torch.allclose(m.loss(batch), (ce16.mean() + ce32.mean()) / 2)
+
+
+def test_training_time_adds_up_over_a_resumed_run(monkeypatch):
+    import mulosd.lit.ar as lit
+
+    clock = iter([100.0, 130.0, 500.0, 510.0])
+    monkeypatch.setattr(lit.time, "monotonic", lambda: next(clock))
+    first = _module()
+    first.on_train_start()  # segment 1 starts at t=100
+    ckpt = {}
+    first.on_save_checkpoint(ckpt)  # saved at t=130
+    assert ckpt["mulosd"]["train_seconds"] == 30.0
+    resumed = _module()
+    resumed.on_load_checkpoint(ckpt)
+    resumed.on_train_start()  # segment 2 starts at t=500
+    assert resumed.trained_seconds() == 40.0  # t=510: 30 s before the kill + 10 s since

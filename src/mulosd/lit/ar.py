@@ -13,6 +13,7 @@ guidance, decoded by the tokenizer and judged.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import lightning as L
@@ -54,6 +55,8 @@ class ARModule(L.LightningModule):
         self.drop_rng = torch.Generator().manual_seed(int(train["seed"]))
         self.guard = NonFiniteGuard()
         self.sizes = sorted(set(resolutions or []) | {resolution})
+        # wall-clock of training, summed over a resumed run's segments (the export records it)
+        self.train_seconds, self._segment = 0.0, None
         self.px_per_token = resolution // self.model.cfg.grid
 
     def configure_optimizers(self):
@@ -163,14 +166,24 @@ class ARModule(L.LightningModule):
         if self.logger and hasattr(self.logger, "log_image"):
             self.logger.log_image("val/samples", [np.asarray(grid)], step=self.global_step)
 
+    def on_train_start(self) -> None:
+        self._segment = (time.monotonic(), self.train_seconds)
+
+    def trained_seconds(self) -> float:
+        if self._segment is None:
+            return self.train_seconds
+        start, before = self._segment
+        return before + time.monotonic() - start
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         assert_finite(self)
         checkpoint["mulosd"] = {"batches_seen": self.batches_seen, "drop_rng": self.drop_rng.get_state(),
-                                "rng": rng_state()}
+                                "rng": rng_state(), "train_seconds": self.trained_seconds()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["mulosd"]
         self.batches_seen = int(state["batches_seen"])
+        self.train_seconds = float(state.get("train_seconds", 0.0))  # checkpoints from before it was kept: 0
         self.drop_rng.set_state(state["drop_rng"])
         set_rng_state(state["rng"])
 
@@ -192,4 +205,12 @@ class ARModule(L.LightningModule):
                     tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                     resolution=h["resolution"], batches=self.batches_seen,
                     sample=dict(h["sample"]), object_weight=h["object_weight"], ema=h["ema"],
-                    resolutions=self.sizes)
+                    resolutions=self.sizes, trained_on=_hardware(self.device),
+                    train_hours=round(self.trained_seconds() / 3600, 3))
+
+
+def _hardware(device: torch.device) -> str:
+    """Where the run trained, for the export's record."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu, {torch.get_num_threads()} threads"
