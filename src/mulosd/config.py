@@ -179,7 +179,7 @@ class ARModelConfig:
 
 @dataclass
 class SamplerLossConfig:
-    """Selected by the `loss` group: token_ce | mse_lpips | gan (DESIGN §5)."""
+    """Selected by the `loss` group: token_ce | mse_lpips | gan."""
 
     stage: str = "token_ce"
     commitment: float = 0.25  # pulls the continuous latents towards their codes (stages 2 and 3)

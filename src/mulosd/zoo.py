@@ -131,7 +131,7 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
 
 
 def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
-    """Refuse a model trained on another tokenizer's codes (DESIGN §9), comparing weight digests."""
+    """Refuse a model trained on another tokenizer's codes, comparing weight digests."""
     from .data.tokens import tokenizer_digest
 
     want, have = meta.get("tokenizer_sha256"), tokenizer_digest(tokenizer_identity(tokenizer))

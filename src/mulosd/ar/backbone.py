@@ -1,4 +1,4 @@
-"""`ARBackbone`: the one call every decoding strategy makes (DESIGN §2).
+"""`ARBackbone`: the one call every decoding strategy makes.
 
     bb = ARBackbone(model, encoder, cfg_scale=3.0)
     logits0 = bb.start(captions)               # condition prefix into the cache; logits for position 0

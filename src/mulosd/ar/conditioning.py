@@ -2,7 +2,7 @@
 
 The interface is what a frozen T5 fills for real backbones (LlamaGen: FLAN-T5-XL, 120 slots); the transformer
 projects the features and owns the learned null condition. For SynthScenes the encoder is learned and
-structured (DESIGN §11: slot conditioning learns far faster than free word order): the caption is parsed by
+structured (slot conditioning learns far faster than free word order): the caption is parsed by
 the world's grammar (unknown words are refused, naming them and the vocabulary) and each slot sums the
 embeddings of the words that fill it:
 

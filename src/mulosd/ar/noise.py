@@ -1,4 +1,4 @@
-"""Randomness keyed by (seed, image, grid position, stream), not by call order (DESIGN §2).
+"""Randomness keyed by (seed, image, grid position, stream), not by call order.
 
 Every random number a decoder uses is a pure function of where it is used: the Gumbel noise that picks the
 token at position p of image i, or the uniform that accepts a draft there. So the same context gives the same

@@ -1,4 +1,4 @@
-"""Decoding strategies over one ARBackbone call; each returns tokens and a Trace (DESIGN §6)."""
+"""Decoding strategies over one ARBackbone call; each returns tokens and a Trace."""
 
 from .ar import decode_ar
 from .mulosd import MuLoSDConfig, decode_mulosd

@@ -40,7 +40,7 @@ def pooled_accept(logp, draft, neighbours, k: int, tau: float, delta: float | No
                   relative: bool = False) -> torch.Tensor:
     """[B, n] bool. tau = 0 accepts every draft; tau > 1 rejects every draft (an ablation and test knob).
     `relative`: compare with the pooled mass of the verifier's own most likely token instead of with 1, so a
-    broad distribution (the first token's background prior, DESIGN §11) is not rejected for being broad."""
+    broad distribution (the first token's background prior) is not rejected for being broad."""
     mass = pooled_mass(logp, draft, neighbours, k, delta)
     if relative:
         return mass >= tau * pooled_mass(logp, logp.argmax(-1), neighbours, k, delta)

@@ -1,4 +1,4 @@
-"""MuLo-SD: multi-scale local speculative decoding (DESIGN §6).
+"""MuLo-SD: multi-scale local speculative decoding.
 
 Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res rows):
 1. the low-res drafter M_q drafts the block, serially or ZipAR-staggered (`draft=zipar`, window
@@ -24,7 +24,7 @@ are counted as `stale_kv`; with `kv_refresh=eager` each is rewritten in the firs
 every position before it is final (a few more tokens in forwards that run anyway, no extra step), with
 `round` they wait; either way the next round's verification forward rewrites the whole committed previous
 block together with the new draft, in the same single forward, so every later round sees exact entries (all
-rewrites counted as `refreshed`). `kv_refresh=none` accepts the approximation (DESIGN's other option): the
+rewrites counted as `refreshed`). `kv_refresh=none` accepts the approximation: the
 verification forward writes only the previous round's last samples, never written yet, so stale entries stay,
 as do the holes ZipAR resampling leaves (decode_zipar lives with both), and the forward carries half the
 tokens. The drafter's cache is exact: it re-reads the down-sampled committed block.

@@ -2,7 +2,7 @@
 load as data only, and a log of the sample keys each batch consumed (to prove nothing replayed or skipped).
 
 Lightning saves no RNG state, and its atomic save goes through the system temp directory (a copy across
-filesystems, not a rename). See ../shared/reference/pitfalls.md §1.3, §1.5, §1.12.
+filesystems, not a rename).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Latent up-sampler U_r and down-sampler D_r between a drafter's and a verifier's token grids (DESIGN §5).
+"""Latent up-sampler U_r and down-sampler D_r between a drafter's and a verifier's token grids.
 
 Both read tokens through the tokenizer's frozen, normalised codebook and are **row-causal**: MuLo-SD drafts
 low-res rows one block at a time, so the high-res rows r*j .. r*j+r-1 that U_r emits for low-res row j may

@@ -4,7 +4,7 @@ Codes live on the unit sphere (LlamaGen's `codebook_l2_norm`), so nearest-by-L2 
 low-dimensional codes (8) stay well used, and the codebook neighbour table that pooled acceptance needs is
 built on exactly the vectors the quantiser compares against.
 
-Interface (DESIGN §2, `VQTokenizer`): encode(images[B,3,H,W] in [-1,1]) -> tokens[B,H/f,W/f];
+Interface (`VQTokenizer`): encode(images[B,3,H,W] in [-1,1]) -> tokens[B,H/f,W/f];
 decode(tokens) -> images; decode_latents(z[B,D,h,w]) -> images; codebook() -> [V,D] normalised; `downsample`.
 """
 

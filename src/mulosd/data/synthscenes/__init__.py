@@ -1,5 +1,5 @@
 """SynthScenes: a seeded, captioned world of textured shapes, rendered vector-exactly at any size, with a
-judge that checks captions against images (GenEval's role). See DESIGN.md §3.
+judge that checks captions against images (GenEval's role).
 
     scene = sample_scene(seed=0, index=7)          # prompt first, then a layout that satisfies it
     image = render(scene, 128)                     # uint8 [128, 128, 3]
