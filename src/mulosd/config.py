@@ -373,7 +373,7 @@ def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
         _require(s.val_shards >= 0, f"{key}.synth.val_shards", "must be >= 0")
         _one_of(s.image_format, ("png", "jpg"), f"{key}.synth.image_format")
         if s.radius is not None:
-            hi = 0.5 / vocab.GRID - vocab.CELL_MARGIN
+            hi = vocab.MAX_RADIUS
             _require(len(s.radius) == 2 and 0 < s.radius[0] <= s.radius[1] <= hi, f"{key}.synth.radius",
                      f"must be [lo, hi] with 0 < lo <= hi <= {hi:.4f} (an object stays in its cell), got "
                      f"{list(s.radius)}")

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
         p.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
                        help="object half-size range as fractions of the image side (the world's geometry)")
     args = parser.parse_args(argv)
-    hi = 0.5 / vocab.GRID - vocab.CELL_MARGIN
+    hi = vocab.MAX_RADIUS
     if not 0 < args.radius[0] <= args.radius[1] <= hi:
         parser.error(f"--radius must be LO HI with 0 < LO <= HI <= {hi:.4f} (an object stays in its cell)")
     for name in ("n", "size", "per_shard", "num_shards"):

@@ -162,10 +162,9 @@ def _cells_for(prompt: Prompt, rng: np.random.Generator) -> list[int]:
 def realise(prompt: Prompt, rng: np.random.Generator, radius: tuple[float, float] = vocab.RADIUS_RANGE) -> Scene:
     """Lay out one scene that satisfies `prompt`; unspecified colours are drawn at random. `radius` is the
     range of object half-sizes (fractions of the image side): the world's geometry."""
-    largest = 0.5 / vocab.GRID - vocab.CELL_MARGIN
-    if not 0 < radius[0] <= radius[1] <= largest:
-        raise ValueError(f"object radius range {tuple(radius)} must lie in (0, {largest:.4f}] so that an object "
-                         "stays inside its grid cell")
+    if not 0 < radius[0] <= radius[1] <= vocab.MAX_RADIUS:
+        raise ValueError(f"object radius range {tuple(radius)} must lie in (0, {vocab.MAX_RADIUS:.4f}] so that an "
+                         "object stays inside its grid cell")
     cells = _cells_for(prompt, rng)
     cell = 1.0 / vocab.GRID
     placed = []

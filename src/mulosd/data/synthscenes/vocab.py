@@ -47,3 +47,4 @@ CATEGORIES = ("single_object", "two_object", "counting", "colors", "position", "
 GRID = 3
 RADIUS_RANGE = (0.075, 0.13)  # object half-size as a fraction of the image side
 CELL_MARGIN = 0.02
+MAX_RADIUS = 0.5 / GRID - CELL_MARGIN  # the largest half-size that keeps an object inside its cell
