@@ -1,6 +1,7 @@
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -34,6 +35,13 @@ def test_infer_config_composes():
     validate_infer(compose_config("infer"))
 
 
+@pytest.mark.parametrize("override, key", [("seed=-1", "seed"), ("compare_repeats=0", "compare_repeats")])
+def test_infer_out_of_range_values_are_named(override, key):
+    with pytest.raises(ConfigError) as e:
+        validate_infer(compose_config("infer", [override]))
+    assert e.value.key == key
+
+
 @pytest.mark.parametrize("override, key", [
     ("trainer.no_such_key=1", "no_such_key"),
     ("data.batchsize=4", "batchsize"),
@@ -60,6 +68,9 @@ def test_typos_and_wrong_types_fail_at_composition_naming_the_key(override, key)
     ("experiment=zoo_tokenizer model.vq.ch_mult=[1,2]", "model.vq.ch_mult (downsample factor 2**(len-1))"),
     ("experiment=zoo_tokenizer ++model.vq.chh=3", "model.vq.chh"),
     ("experiment=zoo_tokenizer model.optim.lr=abc", "model.optim.lr"),
+    ("seed=-1", "seed"),  # seeding would take it modulo 2**32
+    ("data.synth.seed=-3", "data.synth.seed"),
+    ("experiment=zoo_ar_64 model.train.seed=-1", "model.train.seed"),
 ])
 def test_out_of_range_values_are_named(override, key):
     cfg = compose_config("train", override.split())
@@ -92,10 +103,18 @@ def test_trainer_and_loggers_build_from_config(tmp_path):
     for name in ("csv", "none"):
         cfg = compose_config("train", [f"logger={name}", f"logger.save_dir={tmp_path}"] if name == "csv"
                              else [f"logger={name}"])
-        logger = build_logger(cfg)
+        logger = build_logger(cfg, tmp_path / "run")
         assert (logger is False) == (name == "none")
     cfg = compose_config("train", [f"logger.save_dir={tmp_path}", "logger.mode=disabled"])
-    assert type(build_logger(cfg)).__name__ == "WandbLogger"
+    assert type(build_logger(cfg, tmp_path / "run")).__name__ == "WandbLogger"
+
+
+@pytest.mark.parametrize("name", ["csv", "wandb"])
+def test_logs_go_to_the_run_directory_unless_told(tmp_path, name, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a relative default would have written
+    logger = build_logger(compose_config("train", [f"logger={name}", "logger.mode=disabled"]), tmp_path / "run")
+    assert Path(logger.save_dir).resolve() == (tmp_path / "run" / "logs").resolve()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
 def _run(*args, cwd=ROOT):

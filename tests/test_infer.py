@@ -27,7 +27,11 @@ def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, t
                "tau=0.05")
     assert r.returncode == 0, r.stderr[-3000:]
     last = r.stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"speedup=\d+\.\d\d judge_mulosd=\d\.\d{3} judge_ar=\d\.\d{3}", last), last
+    m = re.fullmatch(r"speedup=(\d+\.\d\d) spread=(\d+\.\d\d)-(\d+\.\d\d) repeats=3 judge_mulosd=\d\.\d{3} "
+                     r"judge_ar=\d\.\d{3}", last)
+    assert m, last
+    median, lo, hi = map(float, m.groups())
+    assert lo <= median <= hi
     for name in ("000.png", "001.png", "grid.png", "grid_ar.png", "acceptance_000.png"):
         assert (tmp_path / name).is_file(), name
     assert "mulosd:" in r.stdout and "sequential steps" in r.stdout

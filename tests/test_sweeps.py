@@ -2,6 +2,7 @@
 first grid point runs (offline, on the tiny random zoo)."""
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,18 +57,48 @@ def two_prompts(tmp_path):
     return f
 
 
-def test_first_point_of_the_inference_sweep_runs(tiny_zoo, tmp_path, two_prompts, monkeypatch):
-    first = _grid(_load(ROOT / "sweeps" / "tau.yaml"))[0]
-    first = [o for o in first if not o.startswith(("prompt_file=", "wandb="))]
-    args = [*first, f"prompt_file={two_prompts}", "wandb=offline", f"out_dir={tmp_path}",
-            f"hydra.run.dir={tmp_path / 'h'}", f"models.tokenizer={tiny_zoo / 'tok'}",
-            f"models.verifier={tiny_zoo / 'ar128'}", f"models.drafter={tiny_zoo / 'ar64'}",
-            f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
-    r = subprocess.run([sys.executable, "infer.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "WANDB_DIR": str(tmp_path), "WANDB_MODE": "offline"})
+MODE_KEYS = {"wandb", "logger.mode"}  # online for the W&B agent, offline in the header's multirun
+
+
+def _offline_command(path: Path) -> tuple[str, list[str]]:
+    """The Hydra multirun command in the sweep file's header: (script, overrides)."""
+    line = next(x for x in path.read_text().splitlines() if x.startswith("#   python "))
+    _, script, flag, *overrides = line[1:].split()
+    assert flag == "-m"
+    return script, overrides
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_the_offline_command_in_each_header_is_the_sweep_grid_logged_offline(path):
+    sweep = _load(path)
+    script, overrides = _offline_command(path)
+    assert script == sweep["program"]
+    header = dict(o.split("=", 1) for o in overrides)
+    grid = {k: ",".join(map(str, p.get("values", [p.get("value")]))).lower() for k, p in sweep["parameters"].items()}
+    assert {k: v.lower() for k, v in header.items() if k not in MODE_KEYS} == \
+        {k: v for k, v in grid.items() if k not in MODE_KEYS}
+    assert [header[k] for k in MODE_KEYS & set(header)] == ["offline"]
+
+
+def test_the_offline_inference_sweep_keeps_the_repository_clean(tiny_zoo, tmp_path, two_prompts):
+    """The header's multirun, cut to its first point: it runs, its W&B run lands in the job's directory, and
+    nothing appears in the repository (a ./wandb/ there once broke `make lint`)."""
+    before = {p.name for p in ROOT.iterdir()}
+    script, overrides = _offline_command(ROOT / "sweeps" / "tau.yaml")
+    first = [o.split(",")[0] for o in overrides if not o.startswith("prompt_file=")]
+    args = [*first, f"prompt_file={two_prompts}", "compare_repeats=1", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+            f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tiny_zoo / 'ar128'}",
+            f"models.drafter={tiny_zoo / 'ar64'}", f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    r = subprocess.run([sys.executable, script, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "speedup=" in r.stdout.strip().splitlines()[-1] or "speedup=" in r.stdout
-    assert list((tmp_path / "wandb").glob("offline-run-*")), "the summary was logged to W&B (offline)"
+    assert "speedup=" in r.stdout
+    assert list((tmp_path / "sweep" / "0" / "wandb").glob("offline-run-*")), "the summary was logged offline"
+    assert {p.name for p in ROOT.iterdir()} == before
+    lint = subprocess.run([sys.executable, "-m", "ruff", "check", "src", "tests", "train.py", "infer.py", "bench.py",
+                           "notebooks"], cwd=ROOT, capture_output=True, text=True, timeout=120)  # what make lint runs
+    assert lint.returncode == 0, lint.stdout[-2000:]
 
 
 def test_first_point_of_the_loss_sweep_runs(tmp_path, tmp_path_factory):

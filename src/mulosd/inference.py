@@ -149,7 +149,7 @@ class Models:
                           draft_rows=cfg.draft_rows, draft=cfg.draft, draft_window=cfg.draft_window,
                           draft_temperature=cfg.draft_temperature, relative=cfg.relative,
                           acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh, keep_rejected=cfg.keep_rejected)
-        # the drafter only proposes, so it may be guided harder than the verifier samples (README "Results")
+        # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
         draft_scale = self.cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
         drafter = ARBackbone(self.drafter, self.drafter_encoder, draft_scale)
         return decode_mulosd(verifier, drafter, self.up, self.down, captions, self.neighbours, ml, **common)
@@ -181,12 +181,34 @@ def decode_all(models: Models, strategy: str, cfg: DictConfig, texts: list[str])
     return images, traces
 
 
+def _compare(models: Models, cfg: DictConfig, texts: list[str]):
+    """compare=true: the strategy against `ar` on the same prompts and seeds. Both are warmed up on the first
+    batch (untimed: the first decode in a process pays for allocations and thread start-up), then decoded in
+    turn `compare_repeats` times, the order alternating (A B, B A, ...) so that drift falls on both; each
+    repeat gives one ratio. Seeded decoding makes every repeat's images the same, so the first are kept."""
+    strategy = cfg.decoding
+    for s in (strategy, "ar"):
+        decode_all(models, s, cfg, texts[:cfg.batch_size])
+    runs: dict[str, list] = {strategy: [], "ar": []}
+    for rep in range(cfg.compare_repeats):
+        for s in (strategy, "ar") if rep % 2 == 0 else ("ar", strategy):
+            runs[s].append(decode_all(models, s, cfg, texts))
+    ratios = [sum(t.wall_s for t in a[1]) / sum(t.wall_s for t in m[1])
+              for a, m in zip(runs["ar"], runs[strategy], strict=True)]
+    return runs[strategy][0], runs["ar"][0], ratios
+
+
 def _verdicts(images, texts) -> list:
     return [judge(image, parse_caption(text)) for image, text in zip(images, texts, strict=True)]
 
 
 def _verdict_text(v) -> str:
     return "pass" if v.ok else "fail " + ", ".join(k for k, ok in v.checks.items() if not ok)
+
+
+def _marked(texts: list[str], verdicts: list) -> list[str]:
+    """Grid captions: the judge's GenEval verdict in front (YES / NO) where there is a judge."""
+    return [t if v is None else ("YES " if v.geneval else "NO ") + t for t, v in zip(texts, verdicts, strict=True)]
 
 
 def _score(x: float | None) -> str:
@@ -210,21 +232,23 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         return _run_distributed(cfg, texts, out_dir, synthscenes)
     strategies = {cfg.decoding} | ({"ar"} if cfg.compare else set())
     models = Models(cfg, strategies)
-    images, traces = decode_all(models, cfg.decoding, cfg, texts)
+    if cfg.compare:
+        (images, traces), (ar_images, ar_traces), ratios = _compare(models, cfg, texts)
+    else:
+        images, traces = decode_all(models, cfg.decoding, cfg, texts)
     verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
     for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
         print(f"[{i}] {text!r} -> {path}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
-    captioned_grid(images, [("" if v is None else "OK " if v.geneval else "NO ") + t
-                            for v, t in zip(verdicts, texts, strict=True)], cols=min(4, len(images))).save(grid_path)
+    captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
     if cfg.decoding == "mulosd":
         for b, trace in enumerate(traces):
             batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             path = out_dir / f"acceptance_{b:03d}.png"
             acceptance_maps(batch_images, trace.rounds, models.verifier.cfg.grid).save(path)
-            print(f"acceptance maps (one row per image, one tile per round) -> {path}")
+            print(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
     wall = sum(t.wall_s for t in traces)
     geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     for t in traces:
@@ -233,18 +257,21 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
           f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
     if cfg.compare:
-        ar_images, ar_traces = decode_all(models, "ar", cfg, texts)
         ar_wall = sum(t.wall_s for t in ar_traces)
-        ar_geneval = float(np.mean([v.geneval for v in _verdicts(ar_images, texts)])) if synthscenes else None
-        captioned_grid(ar_images, texts, cols=min(4, len(ar_images))).save(out_dir / "grid_ar.png")
+        ar_verdicts = _verdicts(ar_images, texts) if synthscenes else [None] * len(texts)
+        ar_geneval = float(np.mean([v.geneval for v in ar_verdicts])) if synthscenes else None
+        captioned_grid(ar_images, _marked(texts, ar_verdicts), cols=min(4, len(ar_images))).save(
+            out_dir / "grid_ar.png")
         for t in ar_traces:
             print(t.summary())
-        result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval}
+        speedup = float(np.median(ratios))
+        result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval, "speedup": speedup,
+                   "speedups": ratios}
         print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {_score(ar_geneval)}")
-        print(f"speedup={ar_wall / wall:.2f} judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
-        result["speedup"] = ar_wall / wall
+        print(f"speedup={speedup:.2f} spread={min(ratios):.2f}-{max(ratios):.2f} repeats={len(ratios)} "
+              f"judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
     if cfg.wandb != "disabled":
-        _log_wandb(cfg, result, traces, grid_path)
+        _log_wandb(cfg, result, traces, grid_path, run_dir)
     return result
 
 
@@ -260,19 +287,21 @@ def _run_distributed(cfg: DictConfig, texts: list[str], out_dir: Path, synthscen
     for i, (text, v) in enumerate(zip(texts, verdicts, strict=True)):
         print(f"[{i}] {text!r} -> {out_dir / f'{i:03d}.png'}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
-    captioned_grid(images, texts, cols=min(4, len(images))).save(grid_path)
+    captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
     geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     print(f"{cfg.decoding}: {len(texts)} images on {result['ranks']} processes in {result['wall_s']:.2f} s "
           f"(slowest process), SynthScenes-GenEval {_score(geneval)}; grid -> {grid_path}")
     return result | {"geneval": geneval}
 
 
-def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path) -> None:
-    """One W&B run per infer.py call with its summary: what a sweep over tau / radius / pool_k optimises."""
+def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path, run_dir: Path) -> None:
+    """One W&B run per infer.py call with its summary: what a sweep over tau / radius / pool_k optimises. Its
+    files go under the Hydra run directory (a multirun: each job's own), never into the working directory."""
     import wandb
     from omegaconf import OmegaConf
 
-    run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb, config=OmegaConf.to_container(cfg, resolve=True))
+    run = wandb.init(project=cfg.wandb_project, mode=cfg.wandb, dir=run_dir,
+                     config=OmegaConf.to_container(cfg, resolve=True))
     summary = {k: result[k] for k in ("geneval", "wall_s", "ar_geneval", "ar_wall_s", "speedup") if k in result}
     summary["steps"] = sum(t.steps for t in traces) / len(traces)
     for t in traces:
@@ -283,18 +312,17 @@ def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path) -> 
 
 
 def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
-    images = []
+    images, verdicts = [], []
     for i, text in enumerate(texts):
         prompt = parse_caption(text)
         image = render(realise(prompt, np.random.default_rng([cfg.seed, i])), cfg.size)
-        verdict = judge(image, prompt)
+        verdicts.append(judge(image, prompt))
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
         images.append(image)
-        failed = [k for k, v in verdict.checks.items() if not v]
-        print(f"[{i}] {text!r} -> {path}  judge: {'pass' if verdict.ok else 'fail ' + ', '.join(failed)}")
+        print(f"[{i}] {text!r} -> {path}  judge: {_verdict_text(verdicts[-1])}")
     if len(images) > 1:
         grid = out_dir / "grid.png"
-        captioned_grid(images, texts, cols=min(4, len(images))).save(grid)
+        captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid)
         print(f"grid -> {grid}")
     return {"images": images}

@@ -36,19 +36,22 @@ def build_datamodule(cfg: DictConfig) -> ShardDataModule:
                            synth=d.synth)
 
 
-def build_logger(cfg: DictConfig):
-    """The configured Lightning logger, or False. W&B gets the config as a plain dict (never a DictConfig)."""
+def build_logger(cfg: DictConfig, run_dir: Path):
+    """The configured Lightning logger, or False; its files go to `logger.save_dir`, by default RUN/logs (a
+    W&B run directory in the working directory would land in the repository). W&B gets the config as a plain
+    dict (never a DictConfig)."""
     lg = cfg.logger
     if lg.name == "none":
         return False
-    Path(lg.save_dir).mkdir(parents=True, exist_ok=True)
+    save_dir = Path(lg.save_dir) if lg.save_dir else run_dir / "logs"
+    save_dir.mkdir(parents=True, exist_ok=True)
     if lg.name == "csv":
         from lightning.pytorch.loggers import CSVLogger
 
-        return CSVLogger(lg.save_dir, name=cfg.run_name or "mulosd")
+        return CSVLogger(save_dir, name=cfg.run_name or "mulosd")
     from lightning.pytorch.loggers import WandbLogger
 
-    return WandbLogger(project=lg.project, save_dir=lg.save_dir, name=cfg.run_name, entity=lg.entity,
+    return WandbLogger(project=lg.project, save_dir=str(save_dir), name=cfg.run_name, entity=lg.entity,
                        tags=list(lg.tags), mode=lg.mode, config=OmegaConf.to_container(cfg, resolve=True))
 
 
@@ -149,7 +152,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         callbacks.append(_BatchProgressBar(sched.batches))
     # fast_dev_run=N means N batches; Lightning counts it in optimizer steps
     fast = {"fast_dev_run": per_batch * int(cfg.trainer.fast_dev_run)} if cfg.trainer.fast_dev_run else {}
-    trainer = build_trainer(cfg, build_logger(cfg), callbacks, default_root_dir=run_dir, **fast,
+    trainer = build_trainer(cfg, build_logger(cfg, run_dir), callbacks, default_root_dir=run_dir, **fast,
                             max_steps=per_batch * sched.batches, val_check_interval=sched.val_every,
                             check_val_every_n_epoch=None, limit_val_batches=sched.val_batches,
                             plugins=[AtomicCheckpointIO()])
