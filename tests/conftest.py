@@ -18,6 +18,25 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 register_configs()
 
 
+def assert_quiet_logs(result, log_file: Path) -> None:
+    """What an entry point prints: each INFO event once, none of the filtered third-party warnings, and the
+    run's log file holding every line it printed through logging."""
+    import re
+
+    from mulosd.logs import IGNORED_WARNINGS
+
+    everything = result.stdout + result.stderr
+    for once in ("GPU available", "trained ", "exported ->"):
+        assert everything.count(once) <= 1, f"{once!r} printed {everything.count(once)} times"
+    for pattern, _why in IGNORED_WARNINGS:
+        assert not re.search(pattern, result.stderr), pattern
+    assert "Tip:" not in everything
+    logged = log_file.read_text()
+    for line in ("trained ", "exported ->", "speedup=", "judge:"):
+        for printed in (x.strip() for x in result.stdout.splitlines() if line in x):
+            assert printed in logged, printed
+
+
 def compose_config(name: str, overrides=()):
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose(config_name=name, overrides=list(overrides))

@@ -12,7 +12,7 @@ from mulosd.ar.noise import hash32, uniform
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
 from mulosd.decoding import decode_ar
 
-from .conftest import ROOT
+from .conftest import ROOT, assert_quiet_logs
 
 CFG = TransformerConfig(vocab_size=48, grid=4, dim=32, layers=2, heads=2, cond_dim=16)
 
@@ -239,6 +239,7 @@ def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, 
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "trained 2 batches" in r.stdout
+    assert_quiet_logs(r, tmp_path / "train.log")
     assert list((tmp_path / "samples").glob("*.png")), "validation draws a sample grid"
 
 

@@ -61,3 +61,18 @@ def test_infer_renders_prompts_that_the_judge_accepts(tmp_path):
         img = np.asarray(Image.open(tmp_path / f"{i:03d}.png"))
         assert img.shape == (128, 128, 3) and judge(img, parse_caption(text)).ok
     assert (tmp_path / "grid.png").is_file()
+
+
+def test_infer_help_lists_inference_options_only():
+    out = _run("infer.py", "--help").stdout
+    assert "tau:" in out and "compare_repeats:" in out and "python infer.py" in out
+    for training in ("experiment:", "trainer:", "Configuration groups", "zoo_tokenizer"):
+        assert training not in out, training
+
+
+def test_infer_log_holds_what_the_run_printed(tmp_path):
+    r = _run("infer.py", "decoding=reference", "prompts=[a red circle,two dotted rings]", f"out_dir={tmp_path}",
+             f"hydra.run.dir={tmp_path / 'h'}")
+    printed = [line for line in r.stdout.splitlines() if line.strip()]
+    logged = (tmp_path / "h" / "infer.log").read_text()
+    assert len(printed) == 3 and all(line in logged for line in printed)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, assert_quiet_logs, compose_config
 
 
 def _infer(zoo, tmp_path, *extra, env=None):
@@ -34,6 +34,8 @@ def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, t
     assert lo <= median <= hi
     for name in ("000.png", "001.png", "grid.png", "grid_ar.png", "acceptance_000.png"):
         assert (tmp_path / name).is_file(), name
+    assert_quiet_logs(r, tmp_path / "h" / "infer.log")
+    assert last in (tmp_path / "h" / "infer.log").read_text()
     assert "mulosd:" in r.stdout and "sequential steps" in r.stdout
 
 

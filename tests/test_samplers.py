@@ -11,7 +11,7 @@ from mulosd.samplers import LatentDownsampler, LatentUpsampler, PixelUpsampler
 from mulosd.tokenizer import VQConfig, VQModel
 from mulosd.zoo import load_sampler, save
 
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, assert_quiet_logs, compose_config
 
 CODEBOOK = torch.randn(64, 8)
 
@@ -109,6 +109,7 @@ def test_experiment_runs_a_two_batch_fast_dev_run(experiment, r, tmp_path, tmp_p
     res = _train(tmp_path, experiment, *_common(tiny_tokenizer, shards), f"r={r}", "trainer.fast_dev_run=2",
                  "model.loss.image.disc_start=1" if experiment == "upsampler_gan" else "model.depth=1")
     assert "trained 2 batches (8 samples" in res.stdout
+    assert_quiet_logs(res, tmp_path / "train.log")
     if experiment != "downsampler":
         assert list((tmp_path / "samples").glob("*.png")), "low-res | draft | ground truth grid"
 

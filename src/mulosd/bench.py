@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from tqdm import tqdm
 
 from .config import validate_bench, with_overrides
 from .eval import geneval_score, paired_difference, prompt_set, reference_renders
+
+log = logging.getLogger(__name__)
 
 BASELINES = ("zipar", "sd", "lantern")
 
@@ -145,7 +148,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         row |= scores
         for name, why in skipped.items():
             if name not in reported:
-                print(f"metric {name} skipped: {why}")
+                log.info(f"metric {name} skipped: {why}")
                 reported.add(name)
         rows.append(row)
     ar = rows[0]
@@ -156,7 +159,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
     _write(out, rows, cfg)
     line = _last_line(rows, ar)
-    print(line)
+    log.info(line)
     return {"rows": rows, "line": line}
 
 
@@ -177,7 +180,7 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
                      f"{r['drafter_forwards']:.0f} | {r['geneval']:.3f} | {r['geneval_vs_ar']:+.3f} ± "
                      f"{r['geneval_vs_ar_ci95']:.3f} |" + (f" {r['fd_vgg']:.2f} |" if fd else ""))
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    log.info("\n".join(lines))
     _plot(out, rows, fd)
 
 
@@ -188,7 +191,7 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("plots skipped: matplotlib is not installed")
+        log.info("plots skipped: matplotlib is not installed")
         return
     metrics = [("geneval", "SynthScenes-GenEval (higher is better)")] + ([("fd_vgg", "FD-VGG (lower is better)")]
                                                                         if fd else [])

@@ -9,6 +9,7 @@ a drafter, verifier or sampler trained on another tokenizer) is refused before a
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,8 @@ from .config import ConfigError, validate_infer
 from .data.stream import to_image
 from .data.synthscenes import CaptionError, judge, parse_caption, realise, render
 from .viz import acceptance_maps, captioned_grid
+
+log = logging.getLogger(__name__)
 
 
 def load_prompts(cfg: DictConfig) -> list[str]:
@@ -240,7 +243,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
-        print(f"[{i}] {text!r} -> {path}" + (f"  judge: {_verdict_text(v)}" if v else ""))
+        log.info(f"[{i}] {text!r} -> {path}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
     captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
     if cfg.decoding == "mulosd":
@@ -248,12 +251,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             path = out_dir / f"acceptance_{b:03d}.png"
             acceptance_maps(batch_images, trace.rounds, models.verifier.cfg.grid).save(path)
-            print(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
+            log.info(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
     wall = sum(t.wall_s for t in traces)
     geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     for t in traces:
-        print(t.summary())
-    print(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {_score(geneval)}; "
+        log.info(t.summary())
+    log.info(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {_score(geneval)}; "
           f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
     if cfg.compare:
@@ -263,12 +266,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         captioned_grid(ar_images, _marked(texts, ar_verdicts), cols=min(4, len(ar_images))).save(
             out_dir / "grid_ar.png")
         for t in ar_traces:
-            print(t.summary())
+            log.info(t.summary())
         speedup = float(np.median(ratios))
         result |= {"ar_images": ar_images, "ar_wall_s": ar_wall, "ar_geneval": ar_geneval, "speedup": speedup,
                    "speedups": ratios}
-        print(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {_score(ar_geneval)}")
-        print(f"speedup={speedup:.2f} spread={min(ratios):.2f}-{max(ratios):.2f} repeats={len(ratios)} "
+        log.info(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {_score(ar_geneval)}")
+        log.info(f"speedup={speedup:.2f} spread={min(ratios):.2f}-{max(ratios):.2f} repeats={len(ratios)} "
               f"judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
     if cfg.wandb != "disabled":
         _log_wandb(cfg, result, traces, grid_path, run_dir)
@@ -278,18 +281,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 def _run_distributed(cfg: DictConfig, texts: list[str], out_dir: Path, synthscenes: bool) -> dict | None:
     """devices > 1: the prompts decoded across processes (see generate.py); rank 0 reports."""
     from .generate import generate
+    from .logs import configure
 
+    configure()  # generate imported Lightning, whose logger prints every line itself
     result = generate(cfg, texts, out_dir)
     if result is None:
         return None
     images = result["images"]
     verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
     for i, (text, v) in enumerate(zip(texts, verdicts, strict=True)):
-        print(f"[{i}] {text!r} -> {out_dir / f'{i:03d}.png'}" + (f"  judge: {_verdict_text(v)}" if v else ""))
+        log.info(f"[{i}] {text!r} -> {out_dir / f'{i:03d}.png'}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
     captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
     geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
-    print(f"{cfg.decoding}: {len(texts)} images on {result['ranks']} processes in {result['wall_s']:.2f} s "
+    log.info(f"{cfg.decoding}: {len(texts)} images on {result['ranks']} processes in {result['wall_s']:.2f} s "
           f"(slowest process), SynthScenes-GenEval {_score(geneval)}; grid -> {grid_path}")
     return result | {"geneval": geneval}
 
@@ -320,9 +325,9 @@ def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
         images.append(image)
-        print(f"[{i}] {text!r} -> {path}  judge: {_verdict_text(verdicts[-1])}")
+        log.info(f"[{i}] {text!r} -> {path}  judge: {_verdict_text(verdicts[-1])}")
     if len(images) > 1:
         grid = out_dir / "grid.png"
         captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid)
-        print(f"grid -> {grid}")
+        log.info(f"grid -> {grid}")
     return {"images": images}

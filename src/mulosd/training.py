@@ -6,6 +6,7 @@ issues); `inspect_data` streams batches through the data pipeline and reports wh
 
 from __future__ import annotations
 
+import logging
 import pickle
 import sys
 import time
@@ -21,6 +22,8 @@ from .config import CONF_DIR, ConfigError, validate_model, validate_train
 from .data.datamodule import ShardDataModule
 from .data.stream import to_image
 from .viz import captioned_grid
+
+log = logging.getLogger(__name__)
 
 
 def available_experiments() -> list[str]:
@@ -49,10 +52,15 @@ def build_logger(cfg: DictConfig, run_dir: Path):
         from lightning.pytorch.loggers import CSVLogger
 
         return CSVLogger(save_dir, name=cfg.run_name or "mulosd")
+    import wandb
     from lightning.pytorch.loggers import WandbLogger
 
-    return WandbLogger(project=lg.project, save_dir=str(save_dir), name=cfg.run_name, entity=lg.entity,
-                       tags=list(lg.tags), mode=lg.mode, config=OmegaConf.to_container(cfg, resolve=True))
+    logger = WandbLogger(project=lg.project, save_dir=str(save_dir), name=cfg.run_name, entity=lg.entity,
+                         tags=list(lg.tags), mode=lg.mode, config=OmegaConf.to_container(cfg, resolve=True),
+                         settings=wandb.Settings(quiet=True))  # W&B's banner lines; errors and the sync hint stay
+    # Lightning always passes `anonymous`, a setting W&B warns is gone whatever its value
+    getattr(logger, "_wandb_init", {}).pop("anonymous", None)
+    return logger
 
 
 def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir: Path | None = None,
@@ -169,10 +177,10 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         print(f"interrupted by SIGTERM after batch {module.batches_seen}; resume with "
               f"ckpt_path={ckpt_dir}/on_exception.ckpt", file=sys.stderr)
         sys.exit(143)
-    print(f"trained {module.batches_seen} batches ({dm.summary()})")
+    log.info(f"trained {module.batches_seen} batches ({dm.summary()})")
     if not cfg.trainer.fast_dev_run and trainer.is_global_zero:
         out = module.export(run_dir / "export", recipe=_recipe())
-        print(f"exported -> {out}")
+        log.info(f"exported -> {out}")
     return module
 
 
@@ -211,8 +219,8 @@ def inspect_data(cfg: DictConfig, run_dir: Path) -> dict:
     ratios = ", ".join(f"/{r}" for r in first["low"])
     picture = run_dir / "batch0.png"
     captioned_grid(tiles, first["caption"][:len(tiles)], cols=4, tile=128, lines=3).save(picture)
-    print(f"inspect_data: {stats.summary()}")
-    print(f"inspect_data: {rate:.1f} samples/s after the first batch (first batch after "
+    log.info(f"inspect_data: {stats.summary()}")
+    log.info(f"inspect_data: {rate:.1f} samples/s after the first batch (first batch after "
           f"{warm - start:.1f} s); batch 0 (full size | {ratios}) -> {picture}")
     return {"samples": stats.samples, "counts": dict(stats.counts), "samples_per_s": rate, "picture": str(picture)}
 

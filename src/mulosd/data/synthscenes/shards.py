@@ -86,7 +86,8 @@ def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size
     todo = [(p, seed, first_index + i * per_shard, per_shard, size, image_format, tuple(radius))
             for i, p in enumerate(paths) if not p.exists()]
     workers = workers or min(len(todo), os.cpu_count() or 1) or 1
-    with tqdm(total=len(todo), desc=f"writing {split} shards", unit="shard", disable=not progress) as bar:
+    with tqdm(total=len(todo), desc=f"writing {split} shards", unit="shard",
+              disable=not (progress and todo)) as bar:  # no bar when every shard is there
         if workers == 1:
             for args in todo:
                 write_shard(*args)
