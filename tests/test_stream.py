@@ -113,6 +113,44 @@ def test_fuzzed_shards_are_counted_per_kind_and_never_leak(fuzzed):
     assert cmyk[0] > 200 and cmyk[1] < 60 and cmyk[2] < 60  # C=0 M=Y=255 is red
 
 
+def test_the_dropped_last_partial_batch_keeps_its_fault_counts(tmp_path):
+    """Seven good samples in batches of 3 without partial batches: the seventh is dropped with its batch, and
+    the faults read after it (a corrupt image, a missing caption) must still be counted."""
+    cap = b"a red circle"
+    members = [m for i in range(7) for m in ((f"g{i}.png", _encode(_rgb(i))), (f"g{i}.txt", cap))]
+    members += [("b0.jpg", b"not an image"), ("b0.txt", cap), ("b1.png", _encode(_rgb(7)))]
+    _write_tar(tmp_path / "s.tar", members)
+    batches, stats = _stream([str(tmp_path / "s.tar")], partial=False)
+    assert [len(b["key"]) for b in batches] == [3, 3]
+    assert (stats.counts["corrupt_image"], stats.counts["missing_caption"], stats.samples) == (1, 1, 6)
+
+
+def _with_orientation(im: Image.Image, orientation: int) -> bytes:
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    im.save(buf, format="JPEG", quality=95, exif=exif)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("orientation, turn", [(6, Image.Transpose.ROTATE_270), (3, Image.Transpose.ROTATE_180),
+                                               (8, Image.Transpose.ROTATE_90), (2, Image.Transpose.FLIP_LEFT_RIGHT)])
+def test_exif_orientation_is_applied_and_counted(tmp_path, orientation, turn):
+    """A camera stores the sensor's pixels and says how to turn them; an image read without turning it
+    arrives on its side. Stored: a red top half; shown as the tag says: red on the side it turns to."""
+    stored = np.zeros((64, 64, 3), np.uint8)
+    stored[:32, :48] = (255, 0, 0)  # red top-left block, so every turn and mirror is distinguishable
+    stored[32:] = (0, 0, 255)
+    upright = np.asarray(Image.fromarray(stored).transpose(turn))
+    shown, plain = (_with_orientation(Image.fromarray(stored), o) for o in (orientation, 1))
+    _write_tar(tmp_path / "e.tar", [("e.jpg", shown), ("e.txt", b"a red circle"), ("u.jpg", plain),
+                                    ("u.txt", b"a red circle")])
+    batches, stats = _stream([str(tmp_path / "e.tar")], image_size=64, batch_size=2)
+    got = {k: to_image(batches[0]["image"][i]).astype(int) for i, k in enumerate(batches[0]["key"])}
+    assert np.abs(got["e"] - upright).mean() < 8 and np.abs(got["u"] - stored).mean() < 8
+    assert stats.counts["exif_orientation"] == 1
+
+
 def test_stream_round_trips_synthscenes_shards(synth_shards):
     urls = str(synth_shards / "train-{00000..00001}.tar")
     batches, stats = _stream(urls, image_size=64, batch_size=8, max_pixels=10**7)

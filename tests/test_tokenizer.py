@@ -122,6 +122,37 @@ def test_exported_weights_record_their_sha256_and_a_tampered_file_is_refused(tmp
         load_tokenizer(out)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not_safetensors", "wrong_shape"])
+def test_a_damaged_file_without_a_checksum_is_one_line_not_a_traceback(tmp_path, damage):
+    """A config.json without `sha256` (hand-written, or an older export) cannot catch a torn file by hash; the
+    loader still names the file in one ValueError (what infer.py turns into `error: models.KEY: ...`)."""
+    from mulosd.zoo import save
+
+    m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
+    out = save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    meta = json.loads((out / "config.json").read_text())
+    del meta["sha256"]
+    if damage == "wrong_shape":
+        meta["config"]["codebook_size"] = 64
+    (out / "config.json").write_text(json.dumps(meta))
+    data = (out / "model.safetensors").read_bytes()
+    if damage != "wrong_shape":
+        (out / "model.safetensors").write_bytes(data[: len(data) // 2] if damage == "truncated" else b"x" * 100)
+    with pytest.raises(ValueError, match="model.safetensors") as e:
+        load_tokenizer(out)
+    assert "\n" not in str(e.value)
+
+
+def test_loading_models_for_decoding_needs_neither_lightning_nor_the_loss_stack():
+    code = ("import sys; from mulosd.zoo import load_ar, load_sampler, load_tokenizer; "
+            "load_tokenizer(); load_ar('synthscenes_ar_64'); load_sampler('synthscenes_up2_gan'); "
+            "load_sampler('synthscenes_down2'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning' or m.startswith('mulosd.l')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 def test_every_shipped_model_matches_its_recorded_sha256():
     from mulosd.zoo import file_sha256
 

@@ -84,7 +84,7 @@ def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQMode
     if meta["kind"] != "vq_tokenizer":
         raise ValueError(f"{path} holds a {meta['kind']}, not a vq_tokenizer")
     model = VQModel(VQConfig(**meta["config"]))
-    model.load_state_dict(_load_state(path))
+    _restore(model, _load_state(path), path)
     return model.eval().requires_grad_(False).to(device)
 
 
@@ -97,12 +97,29 @@ def file_sha256(path: Path) -> str:
 
 
 def _load_state(path: Path) -> dict:
-    """The weights, checked against the SHA-256 recorded at export (a corrupted or swapped file is refused)."""
+    """The weights, checked against the SHA-256 recorded at export (a corrupted or swapped file is refused);
+    a config without one (written by hand, or by an older export) still gets a one-line error for a file that
+    is truncated or not safetensors at all."""
+    file = path / "model.safetensors"
     want = read_config(path).get("sha256")
-    if want is not None and file_sha256(path / "model.safetensors") != want:
-        raise ValueError(f"{path / 'model.safetensors'} does not match the SHA-256 in its config.json: "
-                         "corrupted or replaced; re-export or re-download it")
-    return {k: v.float() if v.is_floating_point() else v for k, v in load_file(path / "model.safetensors").items()}
+    if want is not None and file_sha256(file) != want:
+        raise ValueError(f"{file} does not match the SHA-256 in its config.json: corrupted or replaced; "
+                         "re-export or re-download it")
+    try:
+        state = load_file(file)
+    except Exception as e:  # safetensors raises its own SafetensorError (not an OSError) for a torn file
+        raise ValueError(f"{file} is not a readable safetensors file ({str(e).splitlines()[0][:160]}): "
+                         "truncated or corrupted; re-export or re-download it") from None
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def _restore(module: torch.nn.Module, state: dict, path: Path) -> None:
+    """load_state_dict with a one-line error naming the file when its tensors do not fit the config."""
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{path / 'model.safetensors'} does not fit the architecture in its config.json "
+                         f"({' '.join(str(e).split())[:200]})") from None
 
 
 def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = None):
@@ -118,7 +135,7 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
         raise ValueError(f"{path} holds a {meta['kind']}, not an ar model")
     model = Transformer(TransformerConfig(**meta["config"]["transformer"]))
     encoder = SceneCaptionEncoder(model.cfg.cond_dim)
-    torch.nn.ModuleDict({"model": model, "encoder": encoder}).load_state_dict(_load_state(path))
+    _restore(torch.nn.ModuleDict({"model": model, "encoder": encoder}), _load_state(path), path)
     model.eval().requires_grad_(False).to(device)
     encoder.eval().requires_grad_(False).to(device)
     if resolution is not None and resolution != meta["resolution"]:
@@ -143,7 +160,7 @@ def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
 def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Module | None = None, device="cpu"):
     """-> (LatentUpsampler or LatentDownsampler, meta). With a tokenizer, a sampler whose codebook is not that
     tokenizer's is refused: its token ids would index other codes."""
-    from .lit.sampler import build_sampler
+    from .samplers import build_sampler  # not through lit/: decoding needs no Lightning, no loss stack
 
     path = resolve(name_or_path)
     meta = read_config(path)
@@ -151,8 +168,10 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Modu
         raise ValueError(f"{path} holds a {meta['kind']}, not a sampler")
     c = meta["config"]
     state = _load_state(path)
+    if "embed.codebook" not in state:
+        raise ValueError(f"{path / 'model.safetensors'} holds no embed.codebook: not a sampler's weights")
     model = build_sampler(c["kind"], c["r"], state["embed.codebook"], c["width"], c["depth"], c["stage"])
-    model.load_state_dict(state)
+    _restore(model, state, path)
     if tokenizer is not None:  # a name, a directory, or a loaded tokenizer (LlamaGen's VQ-16)
         theirs = (tokenizer if isinstance(tokenizer, torch.nn.Module) else load_tokenizer(tokenizer)).codebook()
         if theirs.shape != model.codebook.shape or (theirs - model.codebook).abs().max() > 2e-3:

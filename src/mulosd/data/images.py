@@ -3,7 +3,8 @@
 Real shards (LAION-COCO-Aesthetic) hold greyscale, palette, RGBA, 16-bit and CMYK images next to plain
 RGB ones, plus truncated or non-image bytes and the occasional decompression bomb. Pillow's defaults get
 several of these wrong silently (16-bit PNGs saturate to white, alpha is dropped to whatever colour hides
-under it), so each case is handled here and named, for the stream to count.
+under it, a photo's EXIF orientation is ignored so it arrives on its side), so each case is handled here and
+named, for the stream to count.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import io
 import warnings
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 _FORMATS = ("JPEG", "PNG", "WEBP")
 # Transparent pixels are composited onto this colour, so hidden colour under alpha 0 never leaks in.
 ALPHA_BACKGROUND = (255, 255, 255)
+_EXIF_ORIENTATION = 0x0112  # 1: upright; 2-8: mirrored and/or rotated (what a camera wrote)
 
 
 class BadSample(Exception):
@@ -28,8 +30,9 @@ class BadSample(Exception):
         self.kind = kind
 
 
-def load_rgb(data: bytes, max_pixels: int) -> tuple[np.ndarray, str | None]:
-    """Decode image bytes to uint8 RGB [H, W, 3]; returns the array and the conversion applied (or None).
+def load_rgb(data: bytes, max_pixels: int) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Decode image bytes to uint8 RGB [H, W, 3], upright; returns the array and the conversions applied
+    (empty for a plain upright RGB image).
 
     Raises BadSample('corrupt_image' | 'too_large' | 'unsupported_image').
     """
@@ -46,7 +49,20 @@ def load_rgb(data: bytes, max_pixels: int) -> tuple[np.ndarray, str | None]:
         raise BadSample("too_large", str(e)) from None
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
         raise BadSample("corrupt_image", f"{type(e).__name__}: {e}") from None
-    return _to_rgb(im)
+    upright = _upright(im)
+    rgb, conversion = _to_rgb(upright or im)
+    return rgb, (("exif_orientation",) if upright else ()) + ((conversion,) if conversion else ())
+
+
+def _upright(im: Image.Image) -> Image.Image | None:
+    """The image turned as its EXIF orientation says, or None when it is upright already."""
+    try:
+        orientation = im.getexif().get(_EXIF_ORIENTATION, 1)
+    except (OSError, ValueError, SyntaxError):  # unreadable EXIF: the pixels are still good, taken as stored
+        return None
+    if orientation not in range(2, 9):
+        return None
+    return ImageOps.exif_transpose(im)
 
 
 def _to_rgb(im: Image.Image) -> tuple[np.ndarray, str | None]:

@@ -4,7 +4,8 @@ One pipeline serves SynthScenes and LAION-COCO-Aesthetic alike (same members: im
 optional `.json` metadata). Guarantees:
 - only the expected members are ever read from a tar (pickles and anything else are skipped unread);
 - every bad sample is dropped and counted by kind, logged at a decaying rate, with no sleeping;
-- images that need a conversion (grey, palette, alpha, 16-bit, CMYK) are converted correctly and counted;
+- images that need a conversion (grey, palette, alpha, 16-bit, CMYK, EXIF orientation) are converted correctly
+  and counted;
 - shard resampling and shuffling are seeded per (rank, worker, epoch, seed): reproducible and distinct.
 
 Counters live in whichever process runs the pipeline (a DataLoader worker); each batch carries the counts
@@ -36,7 +37,7 @@ EXPECTED = frozenset(IMAGE_EXTENSIONS + CAPTION_EXTENSIONS + META_EXTENSIONS)
 # Dropped samples (or shards) by reason, and images kept after a conversion.
 SKIP_KINDS = ("unreadable_shard", "truncated_tar", "duplicate_member", "missing_image", "corrupt_image",
               "too_large", "unsupported_image", "missing_caption")
-CONVERSION_KINDS = ("grayscale", "palette", "alpha", "sixteen_bit", "cmyk", "colorspace")
+CONVERSION_KINDS = ("grayscale", "palette", "alpha", "sixteen_bit", "cmyk", "colorspace", "exif_orientation")
 OTHER_KINDS = ("bad_metadata", "ignored_member")
 KINDS = frozenset(SKIP_KINDS + CONVERSION_KINDS + OTHER_KINDS)
 
@@ -175,8 +176,8 @@ class DecodeSamples:
             caption = ""
         if not caption:
             raise BadSample("missing_caption", "missing, empty or undecodable caption")
-        image, conversion = load_rgb(data, self.max_pixels)
-        if conversion:
+        image, conversions = load_rgb(data, self.max_pixels)
+        for conversion in conversions:
             self.counter.count(conversion, f"{sample.get('__key__')}")
         meta = {}
         if "json" in sample:
@@ -227,19 +228,47 @@ class LogicalWorkers:
         os.environ["NUM_WORKERS"] = str(self.workers)
 
 
-class Collate:
-    """Stack samples into a batch and attach this process's counter deltas."""
+def collate(samples: list[dict]) -> dict:
+    rank, _, worker, _ = pytorch_worker_info()
+    return {"key": [s["key"] for s in samples], "caption": [s["caption"] for s in samples],
+            "meta": [s["meta"] for s in samples],
+            "image": torch.stack([s["image"] for s in samples]),
+            "low": {r: torch.stack([s["low"][r] for s in samples]) for r in samples[0]["low"]},
+            "source": (rank, worker)}
 
-    def __init__(self, counter: SampleCounter):
-        self.counter = counter
 
-    def __call__(self, samples: list[dict]) -> dict:
-        rank, _, worker, _ = pytorch_worker_info()
-        return {"key": [s["key"] for s in samples], "caption": [s["caption"] for s in samples],
-                "meta": [s["meta"] for s in samples],
-                "image": torch.stack([s["image"] for s in samples]),
-                "low": {r: torch.stack([s["low"][r] for s in samples]) for r in samples[0]["low"]},
-                "bad": self.counter.take(), "source": (rank, worker)}
+class Batches:
+    """Samples -> batches, each carrying this process's counter deltas under "bad".
+
+    Without `partial` the stream's last, incomplete batch is dropped, but what was counted while reading it
+    (the faults among its samples and after them) must not be: every batch is held back until the next one
+    is complete, so the last batch delivered carries the counts up to the end of the stream. A process that
+    never fills one batch has nothing to carry them on and logs them instead.
+    """
+
+    def __init__(self, batch_size: int, counter: SampleCounter, partial: bool):
+        self.batch_size, self.counter, self.partial = batch_size, counter, partial
+
+    def __call__(self, src):
+        held, samples = None, []
+        for sample in src:
+            samples.append(sample)
+            if len(samples) == self.batch_size:
+                if held is not None:
+                    yield self._counted(held)
+                held, samples = collate(samples), []
+        if samples and self.partial:
+            if held is not None:
+                yield self._counted(held)
+            held = collate(samples)
+        if held is not None:
+            yield self._counted(held)
+        elif self.counter.delta:
+            log.warning("%s: no complete batch; its counts go unreported in the batches: %s", self.counter.name,
+                        self.counter.take())
+
+    def _counted(self, batch: dict) -> dict:
+        return batch | {"bad": self.counter.take()}
 
 
 def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int, shuffle_buffer: int,
@@ -257,7 +286,7 @@ def build_pipeline(urls, *, image_size: int, ratios, batch_size: int, seed: int,
     stages.append(DecodeSamples(counter, image_size, tuple(ratios), max_pixels))
     if skip_batches:
         stages.append(SkipBatches(skip_batches, batch_size))
-    stages.append(wds.batched(batch_size, collation_fn=Collate(counter), partial=partial))
+    stages.append(Batches(batch_size, counter, partial))
     return wds.DataPipeline(*stages)
 
 

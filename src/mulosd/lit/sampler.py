@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..data.stream import to_image
 from ..losses import ImageLoss, ImageLossConfig
-from ..samplers import LatentDownsampler, LatentUpsampler
+from ..samplers import build_sampler
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard, batch_images
@@ -34,12 +34,6 @@ from .tokenizer import psnr
 log = logging.getLogger(__name__)
 
 STAGES = ("token_ce", "mse_lpips", "gan")
-
-
-def build_sampler(kind: str, r: int, codebook: torch.Tensor, width: int, depth: int, stage: str):
-    if kind == "down":
-        return LatentDownsampler(codebook, r, width, depth)
-    return LatentUpsampler(codebook, r, width, depth, head="logits" if stage == "token_ce" else "latent")
 
 
 class SamplerModule(L.LightningModule):

@@ -146,3 +146,11 @@ class LatentDownsampler(nn.Module):
     @torch.no_grad()
     def down(self, tokens_high: torch.Tensor) -> torch.Tensor:
         return self(tokens_high).argmax(1)
+
+
+def build_sampler(kind: str, r: int, codebook: torch.Tensor, width: int, depth: int, stage: str) -> nn.Module:
+    """The sampler a training config or an export's config.json describes: D_r for kind "down", else U_r with
+    a logit head (stage token_ce) or a quantised latent head (the pixel stages)."""
+    if kind == "down":
+        return LatentDownsampler(codebook, r, width, depth)
+    return LatentUpsampler(codebook, r, width, depth, head="logits" if stage == "token_ce" else "latent")
