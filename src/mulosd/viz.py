@@ -46,6 +46,7 @@ def captioned_grid(images: list[np.ndarray], captions: list[str], cols: int = 4,
 # acceptance-map colours: what happened to each high-res token of a round's block
 ROUND_COLOURS = {"accepted": (40, 200, 70), "rejected": (230, 40, 40), "expanded": (250, 200, 30),
                  "drafted": (60, 120, 250)}
+BLANK = (240, 240, 240)  # what a picture shows where there is nothing to show yet
 
 
 def _upscale(a: np.ndarray, grid: int, cell: int) -> np.ndarray:
@@ -53,56 +54,79 @@ def _upscale(a: np.ndarray, grid: int, cell: int) -> np.ndarray:
     return np.kron(a.reshape(grid, grid, -1), np.ones((cell, cell, 1)))
 
 
-def _tint(image: np.ndarray, colour: np.ndarray, tinted: np.ndarray, dimmed: np.ndarray, grid: int,
-          strength: float = 0.55) -> np.ndarray:
-    """uint8 image [S, S, 3] with tokens `tinted` [N] blended towards `colour` [N, 3] and tokens `dimmed` [N]
-    darkened (not reached yet)."""
+def _dim(image: np.ndarray, dimmed: np.ndarray, grid: int) -> np.ndarray:
+    """uint8 image [S, S, 3] with the tokens `dimmed` [N] darkened (not reached yet)."""
     cell = image.shape[0] // grid
     out = image.astype(np.float32) * (1 - 0.7 * _upscale(dimmed.astype(np.float32), grid, cell))
-    t = _upscale(tinted.astype(np.float32), grid, cell)
-    out = out * (1 - strength * t) + _upscale(colour.astype(np.float32), grid, cell) * strength * t
     return out.clip(0, 255).astype(np.uint8)
 
 
-def _round_colours(rnd, i: int, grid: int) -> tuple[np.ndarray, np.ndarray]:
-    """A round's per-token colours and tinted mask for image i (see ROUND_COLOURS)."""
-    labels = {"accepted": rnd.accepted[i], "rejected": rnd.rejected[i],
-              "expanded": rnd.resampled[i] & ~rnd.rejected[i]}
-    colour = np.zeros((grid * grid, 3), dtype=np.float32)
-    tinted = np.zeros(grid * grid, dtype=bool)
-    for name, mask in labels.items():
-        m = mask.numpy()
-        colour[m], tinted[m] = ROUND_COLOURS[name], True
-    untinted_block = rnd.drafted[i].numpy() & ~tinted
-    colour[untinted_block], tinted[untinted_block] = ROUND_COLOURS["drafted"], True
-    return colour, tinted
+def _outline(image: np.ndarray, regions: list[tuple[np.ndarray, tuple]], grid: int, width: int = 2) -> np.ndarray:
+    """uint8 image [S, S, 3] with each region (a token mask [N] and a colour) outlined on the inside of its
+    border, `width` px: outlines, not tints, so an object under a region keeps its colour (red rejection over a
+    red object stays readable)."""
+    cell = image.shape[0] // grid
+    out = image.copy()
+    for mask, colour in regions:
+        inside = _upscale(mask.astype(np.float32), grid, cell)[..., 0] > 0
+        core = inside.copy()  # eroded by `width` px in the four directions; outside the picture counts as out
+        for _ in range(width):
+            shrunk = core.copy()
+            shrunk[1:] &= core[:-1]
+            shrunk[:-1] &= core[1:]
+            shrunk[:, 1:] &= core[:, :-1]
+            shrunk[:, :-1] &= core[:, 1:]
+            shrunk[0], shrunk[-1], shrunk[:, 0], shrunk[:, -1] = False, False, False, False
+            core = shrunk
+        out[inside & ~core] = colour
+    return out
 
 
-def _legend(draw, font, x: int = 4, names=ROUND_COLOURS) -> None:
+def round_labels(rnd, i: int) -> dict[str, np.ndarray]:
+    """What happened to each token of image i in a round, as disjoint masks [N] (see ROUND_COLOURS): rejected,
+    resampled by expansion only, accepted and kept, drafted with no verdict."""
+    rejected = rnd.rejected[i].numpy()
+    expanded = rnd.resampled[i].numpy() & ~rejected
+    accepted = rnd.accepted[i].numpy() & ~rejected & ~expanded
+    drafted = rnd.drafted[i].numpy() & ~rejected & ~expanded & ~accepted
+    return {"accepted": accepted, "rejected": rejected, "expanded": expanded, "drafted": drafted}
+
+
+def _regions(labels: dict[str, np.ndarray]) -> list[tuple[np.ndarray, tuple]]:
+    return [(mask, ROUND_COLOURS[name]) for name, mask in labels.items() if mask.any()]
+
+
+def _legend(draw, font, names, x: int = 4) -> None:
     for name in names:
         draw.rectangle([x, 6, x + 10, 16], fill=ROUND_COLOURS[name])
         draw.text((x + 14, 4), name, fill=(20, 20, 20), font=font)
         x += 26 + 8 * len(name)
 
 
-def acceptance_maps(images: list[np.ndarray], rounds: list, grid: int, cell: int = 8) -> Image.Image:
-    """One row per image: a tile per MuLo-SD round, then the result. A tile shows the final image, dimmed
-    where the round had not reached yet, with the round's block tinted: accepted drafts green, rejected red,
-    resampled by expansion only yellow (`drafted` blue marks a block with no verdict)."""
+def acceptance_maps(images: list[np.ndarray], rounds: list, grid: int, cell: int = 12) -> Image.Image:
+    """One row per image: a tile per MuLo-SD round (titled round 1, round 2, ...), then the result. A tile
+    shows the final image, dimmed where the round had not reached yet, with the round's regions outlined:
+    accepted drafts green, rejected red, resampled by expansion only yellow, drafted with no verdict blue.
+    The legend lists only the colours that appear."""
     size = grid * cell
-    head = 30
-    sheet = Image.new("RGB", ((len(rounds) + 1) * (size + 4) + 4, head + len(images) * (size + 4)), (255, 255, 255))
-    _legend(ImageDraw.Draw(sheet), _font())
+    head = 40
+    labels = [[round_labels(rnd, i) for rnd in rounds] for i in range(len(images))]
+    present = [name for name in ROUND_COLOURS if any(lab[name].any() for row in labels for lab in row)]
+    width = max((len(rounds) + 1) * (size + 4) + 4, 8 + sum(26 + 8 * len(name) for name in present))
+    sheet = Image.new("RGB", (width, head + len(images) * (size + 4)), (255, 255, 255))
+    draw, font = ImageDraw.Draw(sheet), _font()
+    _legend(draw, font, present)
+    for k, title in enumerate([f"round {k + 1}" for k in range(len(rounds))] + ["result"]):
+        draw.text((4 + k * (size + 4), 24), title, fill=(20, 20, 20), font=font)
     for i, image in enumerate(images):
         base = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.NEAREST))
         y = head + i * (size + 4)
+        done = np.zeros(grid * grid, dtype=bool)
         for k, rnd in enumerate(rounds):
-            done = np.zeros(grid * grid, dtype=bool)
-            for earlier in rounds[:k]:
-                done |= earlier.drafted[i].numpy()
-            colour, tinted = _round_colours(rnd, i, grid)
-            tile = _tint(base, colour, tinted, ~done & ~tinted, grid)
+            reached = done | rnd.drafted[i].numpy()
+            tile = _outline(_dim(base, ~reached, grid), _regions(labels[i][k]), grid)
             sheet.paste(Image.fromarray(tile), (4 + k * (size + 4), y))
+            done = reached
         sheet.paste(Image.fromarray(base), (4 + len(rounds) * (size + 4), y))
     return sheet
 
@@ -114,12 +138,12 @@ ISLAND_COLOURS = [(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (
 
 @torch.no_grad()
 def round_panels(tokenizer, rnd, final: torch.Tensor, i: int = 0, size: int = 192) -> dict[str, np.ndarray]:
-    """The steps of one MuLo-SD round for image i, as pictures `size` px wide (nearest-neighbour), rows the
-    round had not reached dimmed:
+    """The steps of one MuLo-SD round for image i, as pictures `size` px wide (nearest-neighbour), showing
+    only the rows that exist once the round has drafted its block (the rest blank):
     low-res draft (M_q's grid after drafting the block) | up-sampled draft (U_r) | verifier acceptance
-    (accepted green, rejected red, expanded yellow) | rejection islands (one colour each, resampled
-    concurrently) | committed (the block after resampling). `final` [B, G, G] is the decoded token grid:
-    rows a round commits never change later."""
+    (outlined: accepted green, rejected red, expanded yellow) | rejection islands (one outline colour each,
+    resampled concurrently) | committed (the block after resampling). `final` [B, G, G] is the decoded token
+    grid: rows a round commits never change later."""
     from .data.stream import to_image
     from .decoding.islands import raster_linked_islands
 
@@ -133,21 +157,27 @@ def round_panels(tokenizer, rnd, final: torch.Tensor, i: int = 0, size: int = 19
 
     device = next(tokenizer.parameters()).device
 
-    def picture(tokens, grid, reached_rows):
-        image = to_image(tokenizer.decode(tokens.view(1, grid, grid).to(device)).clamp(-1, 1)[0])
-        image = np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.NEAREST))
-        later = (torch.arange(grid * grid) >= reached_rows * grid).numpy()
-        return _tint(image, np.zeros((grid * grid, 3)), np.zeros(grid * grid, bool), later, grid)
+    def picture(tokens, grid, rows):
+        """Rows [0, rows) decoded on their own, the rest blank: the decoder never sees the placeholder tokens
+        of rows not drafted yet, which would bleed into the colours of the rows above."""
+        canvas = np.full((size, size, 3), BLANK, np.uint8)
+        if rows:
+            part = tokens.view(1, grid, grid)[:, :rows].to(device)
+            image = to_image(tokenizer.decode(part).clamp(-1, 1)[0])
+            height = round(size * rows / grid)
+            canvas[:height] = np.asarray(Image.fromarray(image).resize((size, height), Image.Resampling.NEAREST))
+        return canvas
 
     low = picture(rnd.low_draft[i], g, row1 // r)
     up = picture(rnd.high_draft[i], G, row1)
-    colour, tinted = _round_colours(rnd, i, G)
-    verdict = _tint(up, colour, tinted, np.zeros(G * G, bool), G)
-    colour, tinted = np.zeros((G * G, 3), np.float32), np.zeros(G * G, bool)
+    verdict = _outline(up, _regions(round_labels(rnd, i)), G)
     redo = rnd.resampled[i].view(G, G).numpy()
-    for j, island in enumerate(raster_linked_islands(redo)):
-        colour[island], tinted[island] = ISLAND_COLOURS[j % len(ISLAND_COLOURS)], True
-    isl = _tint(up, colour, tinted, np.zeros(G * G, bool), G, strength=0.75)
+    islands = []
+    for j, positions in enumerate(raster_linked_islands(redo)):
+        mask = np.zeros(G * G, bool)
+        mask[positions] = True
+        islands.append((mask, ISLAND_COLOURS[j % len(ISLAND_COLOURS)]))
+    isl = _outline(up, islands, G)
     committed = picture(final[i].flatten().cpu(), G, row1)
     return {"low-res draft (M_q)": low, "up-sampled draft (U_r)": up, "verifier acceptance": verdict,
             "rejection islands": isl, "committed": committed}
