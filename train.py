@@ -16,8 +16,8 @@ with exit_on_config_error():
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> None:
-    from mulosd.training import run
     from mulosd.logs import configure
+    from mulosd.training import run
 
     configure()
     with exit_on_config_error():
