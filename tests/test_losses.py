@@ -1,3 +1,5 @@
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -51,8 +53,12 @@ def _t(x):
 
 
 def test_offline_lpips_reproduces_known_values():
-    """DESIGN §5 / pitfalls §5: LPIPS(alex, v0.1) with the real ImageNet trunk, offline."""
-    m = build_lpips("alex")
+    """LPIPS(alex, v0.1) with the real ImageNet trunk, offline, against the published values; building it
+    warns about nothing (torchvision's deprecation of the lpips package's `pretrained=` is filtered there)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = build_lpips("alex")
+    assert not [str(w.message) for w in caught]
     ast, che, cof = data.astronaut()[:256, :256], data.chelsea()[:256, :256], data.coffee()[:256, :256]
     with torch.no_grad():
         assert m(_t(ast), _t(np.roll(ast, 4, axis=1))).item() == pytest.approx(0.0893, abs=1e-3)

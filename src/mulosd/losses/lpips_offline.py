@@ -19,6 +19,7 @@ import io
 import os
 import pickle
 import tarfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -133,7 +134,11 @@ def build_lpips(net: str = "alex", torch_home: Path = TORCH_HOME):
     import lpips
 
     ensure_trunk(net, torch_home)
-    with _hub_dir(Path(torch_home)), contextlib.redirect_stdout(io.StringIO()):
+    with _hub_dir(Path(torch_home)), contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        # the unmodified lpips package asks torchvision for its trunk with `pretrained=True`, which torchvision
+        # warns about twice; the weights it loads are the same ImageNet ones, so nobody has anything to change
+        warnings.filterwarnings("ignore", message=r"The parameter 'pretrained' is deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message=r"Arguments other than a weight enum", category=UserWarning)
         model = lpips.LPIPS(net=net, version="0.1", pretrained=True, pnet_rand=False, verbose=False)
     model.eval().requires_grad_(False)
     return model
