@@ -13,15 +13,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from mulosd.config import CONF_DIR, register_configs
-from mulosd.data.stream import to_image
 from mulosd.data.synthscenes import judge, parse_caption
 from mulosd.eval import prompt_set
-from mulosd.inference import Models
+from mulosd.pipeline import Pipeline
 
 register_configs()
 with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
     cfg = compose(config_name="infer", overrides=["decoding=sd"])
-models = Models(cfg, {"sd"})
+pipe = Pipeline.from_config(cfg, {"ar", "sd"})
 # single-object and colour prompts: the categories the shipped verifier passes often enough to compare
 prompts = [q for q in prompt_set(64) if parse_caption(q).category in ("single_object", "colors")][:6]
 per = int(sys.argv[1]) if len(sys.argv) > 1 else 80
@@ -29,9 +28,8 @@ for strategy in ("ar", "sd"):
     start, rates = time.time(), []
     for j, p in enumerate(prompts):
         ids = torch.arange(j * per, (j + 1) * per) + 10_000  # seeds no bench uses
-        tokens, _ = models.decode(strategy, cfg, [p] * per, ids)
-        with torch.no_grad():
-            images = [to_image(x) for x in models.tokenizer.decode(tokens).clamp(-1, 1)]
+        tokens, _ = pipe.decode(strategy, cfg, [p] * per, ids)
+        images = pipe.images(tokens)
         rates.append(np.mean([judge(im, parse_caption(p)).geneval for im in images]))
     print(f"{strategy}: pass rate {np.mean(rates):.3f} over {per * len(prompts)} images; per prompt "
           f"{' '.join(f'{r:.2f}' for r in rates)} ({time.time() - start:.0f} s)")

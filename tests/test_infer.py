@@ -11,7 +11,18 @@ import pytest
 import torch
 from PIL import Image
 
+from mulosd.config import DECODINGS, validate_bench, validate_infer
+from mulosd.pipeline import STRATEGIES
+
 from .conftest import ROOT, assert_quiet_logs, compose_config
+
+
+def test_infer_and_the_bench_accept_exactly_the_registered_strategies():
+    assert DECODINGS == (*STRATEGIES, "reference")
+    for name in STRATEGIES:
+        validate_infer(compose_config("infer", [f"decoding={name}"]))
+    for name in set(STRATEGIES) - {"ar"}:  # ar is always measured
+        validate_bench(compose_config("bench", [f"strategies=[{name}]"]))
 
 
 def _infer(zoo, tmp_path, *extra, env=None):
@@ -39,7 +50,7 @@ def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, t
     assert "mulosd:" in r.stdout and "sequential steps" in r.stdout
 
 
-@pytest.mark.parametrize("decoding", ["ar", "zipar", "sd", "lantern"])
+@pytest.mark.parametrize("decoding", [s for s in STRATEGIES if s != "mulosd"])
 def test_every_baseline_decodes_through_infer(tiny_zoo, tmp_path, decoding):
     r = _infer(tiny_zoo, tmp_path, f"decoding={decoding}", "prompt=two crosses", "batch_size=2")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -94,7 +105,7 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
     draft_cfg_scale, not at the verifier's scale, and the verifier's own guidance is untouched."""
     from mulosd.ar import ARBackbone, Warpers
     from mulosd.decoding import decode_ar
-    from mulosd.inference import Models
+    from mulosd.pipeline import Pipeline
 
     models = ["tokenizer=tok", "verifier=ar128", "drafter=ar64", "up=up", "down=down"]
     base = [f"models.{k}={tiny_zoo / v}" for k, v in (m.split("=") for m in models)]
@@ -103,7 +114,7 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
 
     def first_draft(*extra):
         cfg = compose_config("infer", base + list(extra))
-        m = Models(cfg, {"mulosd"})
+        m = Pipeline.from_config(cfg, {"mulosd"})
         assert m.drafter.cfg.grid == 8 and m.cfg_scale != 9.0  # one round holds the whole low-res grid
         return m, m.decode("mulosd", cfg, captions, ids)[1].rounds[0].low_draft.view(2, 8, 8)
 
@@ -120,13 +131,13 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
 @pytest.mark.parametrize("drafter", [None, "multi"])
 def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
     """One checkpoint, two views: the drafter is the verifier's weights at the low grid, with its own cache."""
-    from mulosd.inference import Models
+    from mulosd.pipeline import Pipeline
     from mulosd.zoo import load_ar
 
     models = ["tokenizer=tok", "verifier=multi", "up=up", "down=down"] + ([f"drafter={drafter}"] if drafter else [])
     cfg = compose_config("infer", [f"models.{k}={tiny_zoo / v}" for k, v in (m.split("=") for m in models)]
                          + ["tau=0.05", "prompt=two crosses"])
-    m = Models(cfg, {"mulosd"})
+    m = Pipeline.from_config(cfg, {"mulosd"})
     assert m.verifier.cfg.grid == 16 and m.drafter.cfg.grid == 8
     if drafter is None:
         assert m.drafter.head.weight is m.verifier.head.weight and m.drafter_encoder is m.encoder

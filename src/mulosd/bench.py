@@ -76,7 +76,7 @@ def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
-    from .inference import Models
+    from .pipeline import Pipeline
 
     validate_bench(cfg)
     out = Path(cfg.out_dir) if cfg.out_dir else run_dir
@@ -92,26 +92,23 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     elif cells_path.exists():
         cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    models: dict = {}  # what they depend on -> Models
+    pipes: dict = {}  # what they depend on -> Pipeline
     starts = range(0, len(prompts), cfg.batch_size)
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
             icfg = _infer_cfg(cfg, point)
-            # what Models loads depends on r and on these (a variant may change them)
+            # what a pipeline loads depends on r and on these (a variant may change them)
             key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
-            if key not in models:
-                models[key] = Models(icfg, {"ar", *cfg.strategies})
+            if key not in pipes:
+                pipes[key] = Pipeline.from_config(icfg, {"ar", *cfg.strategies})
             chunk = prompts[start:start + cfg.batch_size]
-            tokens, trace = models[key].decode(point.strategy, icfg, chunk, torch.arange(start, start + len(chunk)))
-            with torch.no_grad():
-                images = models[key].tokenizer.decode(tokens).clamp(-1, 1)
+            tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(start, start + len(chunk)))
             folder = out / "images" / point.name
             folder.mkdir(parents=True, exist_ok=True)
-            for j, x in enumerate(images):
-                Image.fromarray(((x.permute(1, 2, 0) + 1) * 127.5).round().byte().numpy()).save(
-                    folder / f"{start + j:04d}.png")
+            for j, image in enumerate(pipes[key].images(tokens)):
+                Image.fromarray(image).save(folder / f"{start + j:04d}.png")
             cell = {"point": point.name, "start": start, "n": len(chunk), "wall_s": trace.wall_s,
                     "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts}
             with cells_path.open("a") as f:

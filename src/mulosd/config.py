@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .ar.transformer import TransformerConfig
 from .data.synthscenes import vocab
+from .decoding import STRATEGY_NAMES
 from .losses.image_loss import ImageLossConfig
 from .tokenizer.vq import VQConfig
 
@@ -325,7 +326,7 @@ LOGGERS = ("wandb", "csv", "none")
 WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)
 SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")
-DECODINGS = ("mulosd", "ar", "zipar", "sd", "lantern", "reference")
+DECODINGS = (*STRATEGY_NAMES, "reference")
 BACKBONES = ("synthscenes", "llamagen_t2i")
 
 
@@ -511,7 +512,7 @@ def validate_bench(cfg: DictConfig) -> None:
         _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     for s in cfg.strategies:
-        _one_of(s, ("mulosd", "zipar", "sd", "lantern"), "strategies")
+        _one_of(s, tuple(n for n in STRATEGY_NAMES if n != "ar"), "strategies")  # ar is always measured
     for r in cfg.rs:
         _one_of(r, RATIOS, "rs")
     for t in cfg.taus:

@@ -21,6 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from .pipeline import Pipeline
+
 
 class Prompts(Dataset):
     def __init__(self, texts: list[str]):
@@ -38,26 +40,20 @@ def _collate(items):
 
 
 class Decoder(L.LightningModule):
-    """Holds no trainable state: the models live in `Models`, loaded on each rank in setup()."""
+    """Holds no trainable state: the models live in a `Pipeline`, loaded on each rank in setup()."""
 
     def __init__(self, cfg: DictConfig):
         super().__init__()
         self.cfg = cfg
-        self.models = None
+        self.pipe: Pipeline | None = None
 
     def setup(self, stage: str) -> None:
-        from .inference import Models
-
-        self.models = Models(self.cfg, {self.cfg.decoding})
+        self.pipe = Pipeline.from_config(self.cfg, {self.cfg.decoding})
 
     def predict_step(self, batch, batch_idx):
-        from .data.stream import to_image
-
         ids, texts = batch
-        tokens, trace = self.models.decode(self.cfg.decoding, self.cfg, texts, ids.cpu())
-        with torch.no_grad():
-            images = [to_image(x) for x in self.models.tokenizer.decode(tokens).clamp(-1, 1)]
-        return ids.tolist(), images, trace
+        tokens, trace = self.pipe.decode(self.cfg.decoding, self.cfg, texts, ids.cpu())
+        return ids.tolist(), self.pipe.images(tokens), trace
 
 
 class ImageWriter(BasePredictionWriter):

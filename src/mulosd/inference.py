@@ -19,8 +19,8 @@ from PIL import Image
 from tqdm import tqdm
 
 from .config import ConfigError, validate_infer
-from .data.stream import to_image
 from .data.synthscenes import CaptionError, judge, parse_caption, realise, render
+from .pipeline import STRATEGIES, Pipeline
 from .viz import acceptance_maps, captioned_grid
 
 log = logging.getLogger(__name__)
@@ -38,164 +38,32 @@ def load_prompts(cfg: DictConfig) -> list[str]:
     return list(cfg.prompts) if cfg.prompts else [cfg.prompt]
 
 
-def _load(key: str, fn, *args, **kw):
-    """Load a model; a missing or mismatched one becomes a one-line error naming the config key."""
-    try:
-        return fn(*args, **kw)
-    except (FileNotFoundError, ValueError) as e:
-        raise ConfigError(key, str(e)) from None
-
-
-class Models:
-    """The models a run needs, loaded once and checked against one tokenizer."""
-
-    def __init__(self, cfg: DictConfig, strategies: set[str]):
-        from .ar import Warpers
-        from .tokenizer.neighbours import cached_neighbour_table
-        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer
-
-        m, r = cfg.models, cfg.r
-        if cfg.backbone == "llamagen_t2i":
-            return self._llamagen(cfg, strategies)
-        self.tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
-        self.verifier, self.encoder, meta = _load("models.verifier", load_ar, m.verifier)
-        _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
-        s = meta["sample"]
-        self.cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        self.warpers = Warpers(*(s[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
-        if strategies & {"mulosd", "lantern"}:
-            k = max(cfg.pool_k, cfg.lantern_k, 1)
-            codes = self.tokenizer.codebook_size
-            if k >= codes:
-                raise ConfigError("pool_k" if cfg.pool_k >= cfg.lantern_k else "lantern_k",
-                                  f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
-            self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), k)
-        if "mulosd" in strategies:
-            low = meta["resolution"] // r
-            if m.drafter is None and low in (meta.get("resolutions") or []):
-                # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache
-                self.drafter, self.drafter_encoder = self.verifier.at_grid(self.verifier.cfg.grid // r), self.encoder
-            else:
-                name = m.drafter or f"synthscenes_ar_{low}"
-                self.drafter, self.drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
-                _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
-                if low in (dmeta.get("resolutions") or []):  # a multi-resolution drafter, at the low grid
-                    self.drafter = self.drafter.at_grid(self.verifier.cfg.grid // r)
-            if self.verifier.cfg.grid != r * self.drafter.cfg.grid:
-                raise ConfigError("r", f"verifier grid {self.verifier.cfg.grid} is not r={r} x the drafter grid "
-                                       f"{self.drafter.cfg.grid}")
-            if cfg.upsampler == "pixel":
-                from .samplers import PixelUpsampler
-
-                self.up = PixelUpsampler(self.tokenizer, r, cfg.sr).up
-            else:
-                up_name = m.up or f"synthscenes_up{r}_{cfg.stage}"
-                self.up = _load("models.up", load_sampler, up_name, m.tokenizer)[0].up
-            down_name = m.down or f"synthscenes_down{r}"
-            self.down = _load("models.down", load_sampler, down_name, m.tokenizer)[0].down
-        if strategies & {"sd", "lantern"}:
-            self.small, self.small_encoder, smeta = _load("models.small", load_ar, m.small)
-            _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
-
-    def _llamagen(self, cfg: DictConfig, strategies: set[str]) -> None:
-        """LlamaGen-XL T2I: stage 2 (512 px) verifies, stage 1 (256 px) drafts; the samplers are given by path
-        (trained with tokenizer=llamagen_vq16) and checked against the VQ-16 codebook."""
-        from .ar import Warpers
-        from .llamagen import load_llamagen
-        from .llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, locate
-        from .tokenizer.neighbours import cached_neighbour_table
-        from .zoo import load_sampler
-
-        lg, m = cfg.llamagen, cfg.models
-        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
-        _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
-        if "mulosd" in strategies and cfg.upsampler == "latent" and not m.up:
-            raise ConfigError("models.up", "backbone=llamagen_t2i needs an up-sampler trained on its VQ-16 codes "
-                                           "(models.up=DIR), or upsampler=pixel")
-        if "mulosd" in strategies and not m.down:
-            raise ConfigError("models.down", "backbone=llamagen_t2i needs a down-sampler trained on its VQ-16 codes "
-                                             "(models.down=DIR)")
-        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
-                    download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
-        self.tokenizer, self.verifier, self.encoder = t2i.tokenizer, t2i.verifier, t2i.encoder
-        s = t2i.sample
-        self.cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        self.warpers = Warpers(*(s[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
-        if "mulosd" in strategies:
-            self.neighbours = cached_neighbour_table(self.tokenizer.codebook(), max(cfg.pool_k, 1))
-            self.drafter, self.drafter_encoder = t2i.drafter, t2i.encoder
-            if cfg.upsampler == "pixel":
-                from .samplers import PixelUpsampler
-
-                self.up = PixelUpsampler(self.tokenizer, cfg.r, cfg.sr).up
-            else:
-                self.up = _load("models.up", load_sampler, m.up, self.tokenizer, device=cfg.device)[0].up
-            self.down = _load("models.down", load_sampler, m.down, self.tokenizer, device=cfg.device)[0].down
-
-    def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None):
-        from .ar import ARBackbone
-        from .decoding import MuLoSDConfig, SDConfig, decode_ar, decode_mulosd, decode_sd, decode_zipar
-
-        verifier = ARBackbone(self.verifier, self.encoder, self.cfg_scale)
-        common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
-        if strategy == "ar":
-            return decode_ar(verifier, captions, **common)
-        if strategy == "zipar":
-            return decode_zipar(verifier, captions, window=cfg.window, **common)
-        if strategy in ("sd", "lantern"):
-            sd = SDConfig(gamma=cfg.gamma, acceptance="exact" if strategy == "sd" else "lantern",
-                          pool_k=cfg.lantern_k, delta=cfg.lantern_delta)
-            return decode_sd(verifier, ARBackbone(self.small, self.small_encoder, self.cfg_scale), captions, sd,
-                             neighbours=getattr(self, "neighbours", None), **common)
-        ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius,
-                          rejection=cfg.rejection, resample=cfg.resample, resample_window=cfg.resample_window,
-                          draft_rows=cfg.draft_rows, draft=cfg.draft, draft_window=cfg.draft_window,
-                          draft_temperature=cfg.draft_temperature, relative=cfg.relative,
-                          acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh, keep_rejected=cfg.keep_rejected)
-        # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
-        draft_scale = self.cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
-        drafter = ARBackbone(self.drafter, self.drafter_encoder, draft_scale)
-        return decode_mulosd(verifier, drafter, self.up, self.down, captions, self.neighbours, ml, **common)
-
-
-def _units(strategy: str, cfg: DictConfig, grid: int) -> int:
-    """Progress-bar units per batch: rounds for mulosd, tokens for ar / zipar, draft windows (a bound) for sd."""
-    if strategy == "mulosd":
-        return grid // cfg.r // cfg.draft_rows
-    if strategy == "zipar":
-        return grid + (grid - 1) * cfg.window
-    return grid * grid
-
-
-def decode_all(models: Models, strategy: str, cfg: DictConfig, texts: list[str]) -> tuple[list, list]:
+def decode_all(pipe: Pipeline, strategy: str, cfg: DictConfig, texts: list[str]) -> tuple[list, list]:
     """All prompts in batches -> (uint8 images, traces), with a progress bar."""
     images, traces = [], []
-    grid = models.verifier.cfg.grid
     batches = range(0, len(texts), cfg.batch_size)
-    with tqdm(total=len(batches) * _units(strategy, cfg, grid), desc=strategy, unit="step",
-              leave=False) as bar:
+    units = STRATEGIES[strategy].units(cfg, pipe.verifier.cfg.grid)
+    with tqdm(total=len(batches) * units, desc=strategy, unit="step", leave=False) as bar:
         for start in batches:
             chunk = texts[start:start + cfg.batch_size]
-            ids = torch.arange(start, start + len(chunk))
-            tokens, trace = models.decode(strategy, cfg, chunk, ids, progress=bar)
-            with torch.no_grad():
-                images += [to_image(x) for x in models.tokenizer.decode(tokens).clamp(-1, 1)]
+            tokens, trace = pipe.decode(strategy, cfg, chunk, torch.arange(start, start + len(chunk)), progress=bar)
+            images += pipe.images(tokens)
             traces.append(trace)
     return images, traces
 
 
-def _compare(models: Models, cfg: DictConfig, texts: list[str]):
+def _compare(pipe: Pipeline, cfg: DictConfig, texts: list[str]):
     """compare=true: the strategy against `ar` on the same prompts and seeds. Both are warmed up on the first
     batch (untimed: the first decode in a process pays for allocations and thread start-up), then decoded in
     turn `compare_repeats` times, the order alternating (A B, B A, ...) so that drift falls on both; each
     repeat gives one ratio. Seeded decoding makes every repeat's images the same, so the first are kept."""
     strategy = cfg.decoding
     for s in (strategy, "ar"):
-        decode_all(models, s, cfg, texts[:cfg.batch_size])
+        decode_all(pipe, s, cfg, texts[:cfg.batch_size])
     runs: dict[str, list] = {strategy: [], "ar": []}
     for rep in range(cfg.compare_repeats):
         for s in (strategy, "ar") if rep % 2 == 0 else ("ar", strategy):
-            runs[s].append(decode_all(models, s, cfg, texts))
+            runs[s].append(decode_all(pipe, s, cfg, texts))
     ratios = [sum(t.wall_s for t in a[1]) / sum(t.wall_s for t in m[1])
               for a, m in zip(runs["ar"], runs[strategy], strict=True)]
     return runs[strategy][0], runs["ar"][0], ratios
@@ -234,11 +102,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if cfg.devices > 1:
         return _run_distributed(cfg, texts, out_dir, synthscenes)
     strategies = {cfg.decoding} | ({"ar"} if cfg.compare else set())
-    models = Models(cfg, strategies)
+    pipe = Pipeline.from_config(cfg, strategies)
     if cfg.compare:
-        (images, traces), (ar_images, ar_traces), ratios = _compare(models, cfg, texts)
+        (images, traces), (ar_images, ar_traces), ratios = _compare(pipe, cfg, texts)
     else:
-        images, traces = decode_all(models, cfg.decoding, cfg, texts)
+        images, traces = decode_all(pipe, cfg.decoding, cfg, texts)
     verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
     for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
         path = out_dir / f"{i:03d}.png"
@@ -250,7 +118,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         for b, trace in enumerate(traces):
             batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             path = out_dir / f"acceptance_{b:03d}.png"
-            acceptance_maps(batch_images, trace.rounds, models.verifier.cfg.grid).save(path)
+            acceptance_maps(batch_images, trace.rounds, pipe.verifier.cfg.grid).save(path)
             log.info(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
     wall = sum(t.wall_s for t in traces)
     geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None

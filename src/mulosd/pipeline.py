@@ -1,0 +1,214 @@
+"""A run's models and the one way prompts become images.
+
+    pipe = Pipeline.from_config(cfg, {"mulosd", "ar"})     # infer.py's config (conf/infer.yaml)
+    tokens, trace = pipe.decode("mulosd", cfg, captions, image_ids)
+    images = pipe.images(tokens)                              # uint8 [H, W, 3] each
+
+`Pipeline.from_config` loads the models the requested strategies need, once, and checks them against one
+tokenizer: a missing model, one trained on another tokenizer's codes, or a drafter whose grid is not the
+verifier's / r is a one-line ConfigError naming the config key, before any decoding. `STRATEGIES` is the
+registry of decoding strategies (what each runs, the models it drafts with, its progress units); infer.py,
+generate.py, bench.py, the notebook and the tests all go through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from .ar import ARBackbone, Warpers
+from .config import ConfigError
+from .data.stream import to_image
+from .decoding import (
+    STRATEGY_NAMES,
+    MuLoSDConfig,
+    SDConfig,
+    decode_ar,
+    decode_mulosd,
+    decode_sd,
+    decode_zipar,
+)
+
+
+def _load(key: str, fn, *args, **kw):
+    """Load a model; a missing or mismatched one becomes a one-line error naming the config key."""
+    try:
+        return fn(*args, **kw)
+    except (FileNotFoundError, ValueError) as e:
+        raise ConfigError(key, str(e)) from None
+
+
+def _warpers(cfg: DictConfig, recorded: dict) -> Warpers:
+    """Sampling settings: the config's where set, else the verifier's recorded defaults."""
+    return Warpers(*(recorded[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
+
+
+class Pipeline:
+    """The models of a run. Every attribute is always set; the ones a strategy set does not need are None."""
+
+    def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
+                 drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
+                 small=None, small_encoder=None):
+        self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
+        self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
+        self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
+        self.up, self.down = up, down  # U_r and D_r as token -> token callables
+        self.small, self.small_encoder = small, small_encoder  # sd / lantern's same-resolution drafter
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+        unknown = set(strategies) - set(STRATEGIES)
+        if unknown:
+            raise ConfigError("decoding", f"{', '.join(sorted(unknown))} is not one of {', '.join(STRATEGIES)}")
+        return {"synthscenes": cls.synthscenes, "llamagen_t2i": cls.llamagen}[cfg.backbone](cfg, set(strategies))
+
+    @classmethod
+    def synthscenes(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+        """The SynthScenes zoo (or exported runs given by path in `models.*`)."""
+        from .tokenizer.neighbours import cached_neighbour_table
+        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer
+
+        m, r = cfg.models, cfg.r
+        tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
+        verifier, encoder, meta = _load("models.verifier", load_ar, m.verifier)
+        _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
+        s = meta["sample"]
+        cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        extra = {}
+        if strategies & {"mulosd", "lantern"}:
+            k = max(cfg.pool_k, cfg.lantern_k, 1)
+            codes = tokenizer.codebook_size
+            if k >= codes:
+                raise ConfigError("pool_k" if cfg.pool_k >= cfg.lantern_k else "lantern_k",
+                                  f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
+            extra["neighbours"] = cached_neighbour_table(tokenizer.codebook(), k)
+        if "mulosd" in strategies:
+            low = meta["resolution"] // r
+            if m.drafter is None and low in (meta.get("resolutions") or []):
+                # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache
+                drafter, drafter_encoder = verifier.at_grid(verifier.cfg.grid // r), encoder
+            else:
+                name = m.drafter or f"synthscenes_ar_{low}"
+                drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
+                _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
+                if low in (dmeta.get("resolutions") or []):  # a multi-resolution drafter, at the low grid
+                    drafter = drafter.at_grid(verifier.cfg.grid // r)
+            if verifier.cfg.grid != r * drafter.cfg.grid:
+                raise ConfigError("r", f"verifier grid {verifier.cfg.grid} is not r={r} x the drafter grid "
+                                       f"{drafter.cfg.grid}")
+            up = m.up or f"synthscenes_up{r}_{cfg.stage}"
+            extra |= {"drafter": drafter, "drafter_encoder": drafter_encoder,
+                      "up": _upsampler(cfg, tokenizer, up, m.tokenizer),
+                      "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer)[0].down}
+        if strategies & {"sd", "lantern"}:
+            small, small_encoder, smeta = _load("models.small", load_ar, m.small)
+            _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
+            extra |= {"small": small, "small_encoder": small_encoder}
+        return cls(tokenizer, verifier, encoder, cfg_scale, _warpers(cfg, s), **extra)
+
+    @classmethod
+    def llamagen(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+        """LlamaGen-XL T2I: stage 2 (512 px) verifies, stage 1 (256 px) drafts; the samplers are given by path
+        (trained with tokenizer=llamagen_vq16) and checked against the VQ-16 codebook."""
+        from .llamagen import load_llamagen
+        from .llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, locate
+        from .tokenizer.neighbours import cached_neighbour_table
+        from .zoo import load_sampler
+
+        lg, m = cfg.llamagen, cfg.models
+        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
+        _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
+        if "mulosd" in strategies and cfg.upsampler == "latent" and not m.up:
+            raise ConfigError("models.up", "backbone=llamagen_t2i needs an up-sampler trained on its VQ-16 codes "
+                                           "(models.up=DIR), or upsampler=pixel")
+        if "mulosd" in strategies and not m.down:
+            raise ConfigError("models.down", "backbone=llamagen_t2i needs a down-sampler trained on its VQ-16 codes "
+                                             "(models.down=DIR)")
+        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
+                    download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
+        s = t2i.sample
+        cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        extra = {}
+        if "mulosd" in strategies:
+            extra = {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)),
+                     "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
+                     "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
+                     "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
+        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale, _warpers(cfg, s), **extra)
+
+    def backbone(self, which: str = "verifier", cfg_scale: float | None = None) -> ARBackbone:
+        """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
+        model, encoder = {"verifier": (self.verifier, self.encoder), "drafter": (self.drafter, self.drafter_encoder),
+                          "small": (self.small, self.small_encoder)}[which]
+        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale)
+
+    def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None):
+        """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i]."""
+        common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
+        return STRATEGIES[strategy].decode(self, cfg, captions, common)
+
+    @torch.no_grad()
+    def images(self, tokens: torch.Tensor) -> list[np.ndarray]:
+        """Token grids [B, G, G] -> uint8 RGB images [H, W, 3]."""
+        return [to_image(x) for x in self.tokenizer.decode(tokens).clamp(-1, 1)]
+
+
+def _upsampler(cfg: DictConfig, tokenizer, name, check_against, device: str = "cpu") -> Callable:
+    """U_r as a token -> token callable: the trained latent up-sampler, or the training-free pixel path."""
+    from .zoo import load_sampler
+
+    if cfg.upsampler == "pixel":
+        from .samplers import PixelUpsampler
+
+        return PixelUpsampler(tokenizer, cfg.r, cfg.sr).up
+    return _load("models.up", load_sampler, name, check_against, device=device)[0].up
+
+
+# --- the strategy registry ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A decoding strategy as everything around the decoders sees it."""
+
+    decode: Callable  # (pipeline, cfg, captions, common keyword arguments) -> (tokens, Trace)
+    units: Callable[[DictConfig, int], int]  # progress-bar units per batch at verifier grid G
+    config: type | None = None  # the dataclass of its own knobs
+    drafts_with: str | None = None  # the extra model it drafts with: "drafter" (low-res) or "small"
+
+
+def _decode_sd(acceptance: str):
+    def run(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
+        sd = SDConfig(gamma=cfg.gamma, acceptance=acceptance, pool_k=cfg.lantern_k, delta=cfg.lantern_delta)
+        return decode_sd(p.backbone(), p.backbone("small"), captions, sd, neighbours=p.neighbours, **common)
+    return run
+
+
+def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
+    ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius, rejection=cfg.rejection,
+                      resample=cfg.resample, resample_window=cfg.resample_window, draft_rows=cfg.draft_rows,
+                      draft=cfg.draft, draft_window=cfg.draft_window, draft_temperature=cfg.draft_temperature,
+                      relative=cfg.relative, acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh,
+                      keep_rejected=cfg.keep_rejected)
+    # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
+    drafter = p.backbone("drafter", cfg.draft_cfg_scale)
+    return decode_mulosd(p.backbone(), drafter, p.up, p.down, captions, p.neighbours, ml, **common)
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "ar": Strategy(lambda p, cfg, captions, common: decode_ar(p.backbone(), captions, **common),
+                   units=lambda cfg, G: G * G),
+    "zipar": Strategy(lambda p, cfg, captions, common: decode_zipar(p.backbone(), captions, window=cfg.window,
+                                                                    **common),
+                      units=lambda cfg, G: G + (G - 1) * cfg.window),
+    # sd / lantern: draft windows, a bound (a window commits at least one token)
+    "sd": Strategy(_decode_sd("exact"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
+    "lantern": Strategy(_decode_sd("lantern"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
+    "mulosd": Strategy(_decode_mulosd, units=lambda cfg, G: G // cfg.r // cfg.draft_rows, config=MuLoSDConfig,
+                       drafts_with="drafter"),
+}
+assert tuple(STRATEGIES) == STRATEGY_NAMES, "the registry and decoding.STRATEGY_NAMES list the same strategies"
