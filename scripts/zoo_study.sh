@@ -46,7 +46,7 @@ point() {  # one study point: train, then the AR report on its export
     /usr/bin/time -v -o "$dir/time.txt" bash -c "$(declare -f train); PY=$PY STUDY=$STUDY train $name $batches $over" \
       > "$dir/train.log" 2>&1
   fi
-  OMP_NUM_THREADS=1 $PY -m mulosd.ar.report --n "$N_PROMPTS" --models "$dir/export" > "$dir/report.txt" \
+  OMP_NUM_THREADS=1 $PY -m mulosd.reports.ar --n "$N_PROMPTS" --models "$dir/export" > "$dir/report.txt" \
     2> "$dir/report.log"
   echo "$name: $(tail -1 "$dir/report.txt")"
 }

@@ -244,8 +244,7 @@ def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, 
 
 
 def _export_ar(tmp, tokenizer, resolution=32):
-    from mulosd.data.tokens import tokenizer_digest
-    from mulosd.zoo import save
+    from mulosd.zoo import save, tokenizer_digest
 
     cfg = TransformerConfig(vocab_size=32, grid=resolution // 8, dim=32, layers=1, heads=2, cond_dim=16)
     torch.manual_seed(0)
@@ -257,7 +256,7 @@ def _export_ar(tmp, tokenizer, resolution=32):
 
 
 def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
-    from mulosd.ar.report import main
+    from mulosd.reports.ar import main
     from mulosd.tokenizer import VQConfig, VQModel
     from mulosd.zoo import check_same_tokenizer, load_ar, save
 
@@ -277,7 +276,7 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
 
 
 def test_token_batches_resume_where_they_stopped():
-    from mulosd.data.tokens import TokenBatches
+    from mulosd.lit.tokens import TokenBatches
 
     tokens = {8: torch.arange(40).view(10, 2, 2), 4: torch.arange(10).view(10, 1, 1)}
     captions = [f"c{i}" for i in range(10)]

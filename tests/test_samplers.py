@@ -164,7 +164,7 @@ def test_a_sampler_for_another_tokenizer_is_refused(tmp_path, tiny_tokenizer):
 
 
 def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
-    from mulosd.samplers.report import main
+    from mulosd.reports.samplers import main
     from mulosd.zoo import load_tokenizer
 
     tok = load_tokenizer(tiny_tokenizer)

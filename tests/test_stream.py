@@ -10,8 +10,8 @@ import webdataset as wds
 from PIL import Image
 
 from mulosd.data.datamodule import ShardDataModule
-from mulosd.data.images import square_resize
-from mulosd.data.stream import StreamStats, build_pipeline, to_image
+from mulosd.data.images import square_resize, to_image
+from mulosd.data.stream import StreamStats, build_pipeline
 from mulosd.data.synthscenes import caption_text, parse_caption, render
 from mulosd.data.synthscenes.scene import Scene
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from mulosd.data.stream import to_tensor
+from mulosd.data.images import to_tensor
 from mulosd.data.synthscenes import render, sample_scene
-from mulosd.lit.tokenizer import psnr
+from mulosd.eval.pixels import psnr
 from mulosd.tokenizer import VQConfig, VQModel
 from mulosd.tokenizer.neighbours import cached_neighbour_table, neighbour_table
 from mulosd.zoo import ZOO, load_tokenizer
@@ -94,7 +94,7 @@ def test_shipped_tokenizer_loads_and_reconstructs_fixed_scenes():
 
 
 def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):
-    from mulosd.tokenizer.report import evaluate, main
+    from mulosd.reports.tokenizer import evaluate, main
     from mulosd.zoo import save
 
     m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mulosd.data.stream import to_image
+from mulosd.data.images import to_image
 from mulosd.decoding.trace import Round
 from mulosd.tokenizer import VQConfig, VQModel
 from mulosd.viz import BLANK, ROUND_COLOURS, acceptance_maps, round_panels

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from .ar import ARBackbone, Warpers
 from .config import ConfigError
-from .data.stream import to_image
+from .data.images import to_image
 from .decoding import (
     STRATEGY_NAMES,
     MuLoSDConfig,

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from .config import CONF_DIR, ConfigError, validate_model, validate_train
 from .data.datamodule import ShardDataModule
-from .data.stream import to_image
+from .data.images import to_image
 from .viz import captioned_grid
 
 log = logging.getLogger(__name__)

@@ -144,7 +144,7 @@ def round_panels(tokenizer, rnd, final: torch.Tensor, i: int = 0, size: int = 19
     (outlined: accepted green, rejected red, expanded yellow) | rejection islands (one outline colour each,
     resampled concurrently) | committed (the block after resampling). `final` [B, G, G] is the decoded token
     grid: rows a round commits never change later."""
-    from .data.stream import to_image
+    from .data.images import to_image
     from .decoding.islands import raster_linked_islands
 
     if rnd.low_draft is None or rnd.high_draft is None:

@@ -96,6 +96,12 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def tokenizer_digest(path: Path) -> str:
+    """A tokenizer's identity, what token caches and exported models record: the SHA-256 (16 hex digits) of a
+    tokenizer directory's model.safetensors or of a weights file."""
+    return file_sha256(path / "model.safetensors" if path.is_dir() else path)[:16]
+
+
 def _load_state(path: Path) -> dict:
     """The weights, checked against the SHA-256 recorded at export (a corrupted or swapped file is refused);
     a config without one (written by hand, or by an older export) still gets a one-line error for a file that
@@ -149,8 +155,6 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
 
 def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:
     """Refuse a model trained on another tokenizer's codes, comparing weight digests."""
-    from .data.tokens import tokenizer_digest
-
     want, have = meta.get("tokenizer_sha256"), tokenizer_digest(tokenizer_identity(tokenizer))
     if want != have:
         raise ValueError(f"{what} was trained on tokenizer {meta.get('tokenizer')!r} (weights {want}), "

@@ -13,6 +13,7 @@ import io
 import warnings
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
@@ -106,3 +107,12 @@ def downsample(image: np.ndarray, factor: int) -> np.ndarray:
     """Antialiased bicubic downsampling of a square image by an integer factor."""
     size = image.shape[0] // factor
     return np.asarray(Image.fromarray(image).resize((size, size), Image.Resampling.BICUBIC, reducing_gap=3.0))
+
+def to_tensor(image: np.ndarray) -> torch.Tensor:
+    """uint8 [H, W, 3] -> float [3, H, W] in [-1, 1]."""
+    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
+
+
+def to_image(tensor: torch.Tensor) -> np.ndarray:
+    """float [3, H, W] in [-1, 1] -> uint8 [H, W, 3]."""
+    return ((tensor.detach().float().cpu() + 1.0) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 0).numpy()

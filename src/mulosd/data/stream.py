@@ -21,12 +21,11 @@ import os
 import random
 import tarfile
 
-import numpy as np
 import torch
 import webdataset as wds
 from webdataset.utils import make_seed, pytorch_worker_info, pytorch_worker_seed
 
-from .images import IMAGE_EXTENSIONS, BadSample, downsample, load_rgb, square_resize
+from .images import IMAGE_EXTENSIONS, BadSample, downsample, load_rgb, square_resize, to_tensor
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +145,6 @@ class WorkerShuffle:
         rng = random.Random(make_seed(pytorch_worker_seed(), self.epoch, self.seed, 7919))
         return wds.shuffle(self.bufsize, initial=min(self.bufsize, 100), rng=rng)(src)
 
-
-def to_tensor(image: np.ndarray) -> torch.Tensor:
-    """uint8 [H, W, 3] -> float [3, H, W] in [-1, 1]."""
-    return torch.from_numpy(np.array(image, dtype=np.uint8)).permute(2, 0, 1).float().div_(127.5).sub_(1.0)
 
 
 class DecodeSamples:
@@ -308,8 +303,3 @@ class StreamStats:
     def summary(self) -> str:
         parts = [f"{k}={v}" for k, v in sorted(self.counts.items()) if v]
         return f"{self.samples} samples, {self.skipped} skipped" + (f" ({', '.join(parts)})" if parts else "")
-
-
-def to_image(tensor: torch.Tensor) -> np.ndarray:
-    """float [3, H, W] in [-1, 1] -> uint8 [H, W, 3]."""
-    return ((tensor.detach().float().cpu() + 1.0) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 0).numpy()

@@ -25,7 +25,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from ..ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
-from ..data.stream import to_image
+from ..data.images import to_image
 from ..data.synthscenes import judge, parse_caption
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard
@@ -188,15 +188,14 @@ class ARModule(L.LightningModule):
         set_rng_state(state["rng"])
 
     def datamodule(self, shards, cfg):
-        from ..data.tokens import TokenDataModule
+        from .tokens import TokenDataModule
 
         return TokenDataModule(shards, self.hparams["tokenizer"], self.sizes,
                                batch_size=cfg.data.batch_size, seed=int(self.train_cfg["seed"]),
                                val_batches=int(self.train_cfg["val_batches"]), cache_dir=cfg.data.token_cache)
 
     def export(self, out_dir, recipe: str):
-        from ..data.tokens import tokenizer_digest
-        from ..zoo import save, tokenizer_identity
+        from ..zoo import save, tokenizer_digest, tokenizer_identity
 
         h = self.hparams
         model, encoder = self.weights()

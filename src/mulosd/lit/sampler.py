@@ -22,14 +22,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..data.stream import to_image
+from ..data.images import to_image
+from ..eval.pixels import psnr
 from ..losses import ImageLoss, ImageLossConfig
 from ..samplers import build_sampler
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
-from .tokenizer import psnr
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,7 @@ class SamplerModule(L.LightningModule):
         return shards
 
     def export(self, out_dir, recipe: str):
-        from ..data.tokens import tokenizer_digest
-        from ..zoo import save, tokenizer_identity
+        from ..zoo import save, tokenizer_digest, tokenizer_identity
 
         h = self.hparams
         config = {"kind": h["kind"], "r": h["r"], "width": h["width"], "depth": h["depth"], "stage": self.stage,

@@ -14,19 +14,14 @@ import lightning as L
 import numpy as np
 import torch
 
-from ..data.stream import to_image
+from ..data.images import to_image
+from ..eval.pixels import psnr
 from ..losses import ImageLoss, ImageLossConfig
 from ..losses.image_loss import LPIPS_MIN_SIZE
 from ..tokenizer import VQConfig, VQModel
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-image PSNR in dB for images in [-1, 1]."""
-    mse = ((a.float().clamp(-1, 1) - b.float().clamp(-1, 1)) / 2).pow(2).flatten(1).mean(1)
-    return 10 * torch.log10(1.0 / mse.clamp_min(1e-10))
 
 
 class TokenizerModule(L.LightningModule):

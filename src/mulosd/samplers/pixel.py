@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..data.stream import to_image, to_tensor
+from ..data.images import to_image, to_tensor
 
 SuperResolver = Callable[[torch.Tensor, int], torch.Tensor]
 

@@ -1,4 +1,4 @@
-"""python -m mulosd.samplers.report [--n 200] [--dir zoo] [--tokenizer NAME]
+"""python -m mulosd.reports.samplers [--n 200] [--dir zoo] [--tokenizer NAME]
 
 The paper's ablation (a) on held-out SynthScenes at 128 px: for each up-sampler loss stage and for the
 pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
@@ -18,15 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data.images import downsample
-from ..data.stream import to_image, to_tensor
+from ..data.images import downsample, to_image, to_tensor
 from ..data.synthscenes import judge, render, sample_scene
 from ..data.synthscenes.judge import falsify
 from ..eval import EVAL_SEED
-from ..lit.tokenizer import psnr
+from ..eval.pixels import psnr
 from ..losses import build_lpips
+from ..samplers.pixel import PixelUpsampler
 from ..zoo import TOKENIZER, ZOO, load_sampler, load_tokenizer
-from .pixel import PixelUpsampler
 
 STAGES = ("ce", "mse_lpips", "gan")
 SIZE = 128
@@ -107,7 +106,7 @@ def summary_line(results: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mulosd.samplers.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.samplers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")

@@ -1,4 +1,4 @@
-"""python -m mulosd.ar.report [--n 200] [--batch 25] [--models synthscenes_ar_32,...]
+"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,...]
 
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
 set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
@@ -16,13 +16,13 @@ import time
 import torch
 from tqdm import tqdm
 
-from ..data.stream import to_image
+from ..ar import ARBackbone, Warpers
+from ..data.images import to_image
 from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
 from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
-from . import ARBackbone, Warpers
 
 MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
 
@@ -62,7 +62,7 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mulosd.ar.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.ar", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--batch", type=int, default=25)

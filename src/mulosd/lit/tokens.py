@@ -1,7 +1,7 @@
 """Token grids of a shard set, computed once per tokenizer and cached, for training the AR models.
 
 Tokenising once beats tokenising on the fly here: every AR epoch would otherwise pay a VQ encoder forward
-per image (measured in the README's AR section). The cache holds, per split, the grids at the full size and at
+per image (measured in docs/guide.md, "AR backbone"). The cache holds, per split, the grids at the full size and at
 each low-res ratio (so the 32, 64 and 128 px models share one pass), the captions and the sample keys. It is
 keyed by the tokenizer's weights (SHA-256) and the shard URLs, so a retrained tokenizer never meets stale
 tokens. Training batches are drawn from a seeded permutation per epoch; the batch counter is checkpointed,
@@ -22,21 +22,13 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 
-from .datamodule import ShardDataModule
-from .stream import StreamStats, build_pipeline
+from ..data.datamodule import ShardDataModule
+from ..data.stream import StreamStats, build_pipeline
+from ..zoo import load_tokenizer, tokenizer_digest, tokenizer_identity
 
 
 def _digest(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def tokenizer_digest(path: Path) -> str:
-    """The weights' identity: a tokenizer directory (its model.safetensors) or a weights file."""
-    h = hashlib.sha256()
-    with open(path / "model.safetensors" if path.is_dir() else path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()[:16]
 
 
 @torch.no_grad()
@@ -44,8 +36,8 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
     """One ordered pass over the shards -> out.safetensors (tokens{size}: int16 [N, g, g]) + out.json.
     Where every sample's metadata holds its SynthScenes scene, also objects{size}: uint8 [N, g, g], the
     tokens that hold an object (for the AR models' object-token loss weight)."""
-    from .synthscenes.render import object_mask
-    from .synthscenes.scene import Scene
+    from ..data.synthscenes.render import object_mask
+    from ..data.synthscenes.scene import Scene
 
     pipeline = build_pipeline(urls, image_size=image_size, ratios=ratios, batch_size=batch_size, seed=0,
                               shuffle_buffer=0, resampled=False, max_pixels=64_000_000, partial=True,
@@ -125,8 +117,6 @@ class TokenDataModule(L.LightningDataModule):
         self.data: dict[str, tuple[dict[int, torch.Tensor], list[str], dict[int, torch.Tensor] | None]] = {}
 
     def _path(self, split: str, urls: str) -> Path:
-        from ..zoo import tokenizer_identity
-
         tok = tokenizer_digest(tokenizer_identity(self.tokenizer_name))
         ratios = ",".join(map(str, self.shards.ratios))
         # "objects": caches written before object masks existed are rebuilt, not read without them
@@ -136,8 +126,6 @@ class TokenDataModule(L.LightningDataModule):
         return {k: v for k, v in (("train", self.shards.train_urls), ("val", self.shards.val_urls)) if v}
 
     def prepare_data(self) -> None:
-        from ..zoo import load_tokenizer
-
         self.shards.prepare_data()
         todo = {s: u for s, u in self._splits().items() if not Path(str(self._path(s, u)) + ".safetensors").exists()}
         if todo:

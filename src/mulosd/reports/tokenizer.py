@@ -1,4 +1,4 @@
-"""python -m mulosd.tokenizer.report [--tokenizer NAME_OR_DIR] [--n 200] [--seed 4242]
+"""python -m mulosd.reports.tokenizer [--tokenizer NAME_OR_DIR] [--n 200] [--seed 4242]
 
 Round-trips held-out SynthScenes (a world seed no training shard uses) through the tokenizer at 32, 64 and
 128 px and reports PSNR, LPIPS (AlexNet), codebook usage (share of codes used, perplexity of the code
@@ -15,10 +15,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..data.stream import to_image, to_tensor
+from ..data.images import to_image, to_tensor
 from ..data.synthscenes import judge, render, sample_scene, vocab
 from ..data.synthscenes.judge import falsify
-from ..lit.tokenizer import psnr
+from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..zoo import TOKENIZER, load_tokenizer
 
@@ -60,7 +60,7 @@ def evaluate(tokenizer, n: int = 200, seed: int = HELD_OUT_SEED, sizes=(32, 64, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mulosd.tokenizer.report", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.tokenizer", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokenizer", default=TOKENIZER, help="zoo name or exported directory")
     ap.add_argument("--n", type=int, default=200)
