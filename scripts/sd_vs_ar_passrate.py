@@ -12,13 +12,14 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
-from mulosd.config import CONF_DIR, register_configs
+from mulosd.config import register_configs
 from mulosd.data.synthscenes import judge, parse_caption
 from mulosd.eval import prompt_set
+from mulosd.paths import CONF
 from mulosd.pipeline import Pipeline
 
 register_configs()
-with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+with initialize_config_dir(str(CONF), version_base="1.3"):
     cfg = compose(config_name="infer", overrides=["decoding=sd"])
 pipe = Pipeline.from_config(cfg, {"ar", "sd"})
 # single-object and colour prompts: the categories the shipped verifier passes often enough to compare

@@ -8,11 +8,11 @@ from hydra import compose, initialize_config_dir
 from mulosd.ar import SceneCaptionEncoder, Transformer, TransformerConfig
 from mulosd.config import register_configs
 from mulosd.data.synthscenes.shards import write_split
+from mulosd.paths import ROOT
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer import VQConfig, VQModel
 from mulosd.zoo import save, tokenizer_digest
 
-ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("WANDB_MODE", "disabled")
 register_configs()
 

@@ -9,9 +9,10 @@ import torch
 from mulosd.data.images import to_tensor
 from mulosd.data.synthscenes import render, sample_scene
 from mulosd.eval.pixels import psnr
+from mulosd.paths import ZOO
 from mulosd.tokenizer import VQConfig, VQModel
 from mulosd.tokenizer.neighbours import cached_neighbour_table, neighbour_table
-from mulosd.zoo import ZOO, load_tokenizer
+from mulosd.zoo import load_tokenizer
 
 from .conftest import ROOT
 

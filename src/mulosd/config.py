@@ -21,6 +21,7 @@ from .ar.transformer import TransformerConfig
 from .data.synthscenes import vocab
 from .decoding import STRATEGY_NAMES
 from .losses.image_loss import ImageLossConfig
+from .paths import CONF
 from .tokenizer.vq import VQConfig
 
 
@@ -542,10 +543,9 @@ def with_overrides(cfg: DictConfig, overrides) -> DictConfig:
     return out
 
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 
-def check_group_choices(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
+def check_group_choices(argv: list[str], conf_dir: Path = CONF) -> None:
     """`group=option` overrides name an existing conf/group/option.yaml. Hydra reports a missing option in
     12-20 lines (every option, its search path); this says it in one line before Hydra starts. Sweeps
     (`loss=token_ce,gan`) are checked option by option; other sweep syntax is left to Hydra."""

@@ -18,16 +18,17 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .config import CONF_DIR, ConfigError, validate_model, validate_train
+from .config import ConfigError, validate_model, validate_train
 from .data.datamodule import ShardDataModule
 from .data.images import to_image
+from .paths import CONF
 from .viz import captioned_grid
 
 log = logging.getLogger(__name__)
 
 
 def available_experiments() -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+    return sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
 
 def build_datamodule(cfg: DictConfig) -> ShardDataModule:

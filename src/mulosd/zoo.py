@@ -14,10 +14,9 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 
 from .atomic import atomic_write_bytes
+from .paths import ROOT, ZOO
 from .tokenizer import VQConfig, VQModel
 
-ROOT = Path(__file__).resolve().parents[2]
-ZOO = ROOT / "zoo"
 TOKENIZER = "synthscenes_vq_f8"
 
 

@@ -17,9 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+from ..paths import IMG2DATASET_ENV
+
 IMG2DATASET = "img2dataset==1.47.0"
-ENV = ROOT / ".venv-img2dataset"
+ENV = IMG2DATASET_ENV
 
 
 def ensure_env(env: Path = ENV) -> Path:

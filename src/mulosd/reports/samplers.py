@@ -24,8 +24,9 @@ from ..data.synthscenes.judge import falsify
 from ..eval import EVAL_SEED
 from ..eval.pixels import psnr
 from ..losses import build_lpips
+from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
-from ..zoo import TOKENIZER, ZOO, load_sampler, load_tokenizer
+from ..zoo import TOKENIZER, load_sampler, load_tokenizer
 
 STAGES = ("ce", "mse_lpips", "gan")
 SIZE = 128

@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-CACHE = Path(__file__).resolve().parents[3] / ".cache" / "neighbours"
+from .. import paths
+
+CACHE = paths.CACHE / "neighbours"
 
 
 def neighbour_table(codebook: torch.Tensor, k: int, chunk: int = 4096) -> torch.Tensor:
