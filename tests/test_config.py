@@ -1,6 +1,8 @@
+import dataclasses
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -9,7 +11,17 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mulosd.config import ConfigError, validate_infer, validate_train
+from mulosd.config import (
+    ARModelConfig,
+    ConfigError,
+    DataConfig,
+    LoggerConfig,
+    SamplerLossConfig,
+    SamplerModelConfig,
+    TokenizerModelConfig,
+    validate_infer,
+    validate_train,
+)
 from mulosd.training import available_experiments, build_logger, build_trainer
 
 from .conftest import ROOT, compose_config
@@ -31,11 +43,48 @@ def test_every_experiment_composes(experiment):
     validate_train(compose_config("train", [f"experiment={experiment}"]))
 
 
+def _disagreements(yaml: dict, schema, prefix: str = "") -> list[str]:
+    out = []
+    for key, value in yaml.items():
+        default = getattr(schema, key)
+        if isinstance(value, dict) and default is None:  # an optional group (data.synth): its class's defaults
+            hint = typing.get_type_hints(type(schema))[key]
+            default = next(a for a in typing.get_args(hint) if dataclasses.is_dataclass(a))()
+        if isinstance(value, dict) and dataclasses.is_dataclass(default):
+            out += _disagreements(value, default, f"{prefix}{key}.")
+        elif not (isinstance(value, str) and value.startswith("${")) and value != default:  # ${...}: a top-level knob
+            out.append(f"{prefix}{key}: yaml {value!r}, schema {default!r}")
+    return out
+
+
+# (YAML file, key) -> why its value is not the schema's default
+DIFFERENT_ON_PURPOSE = {
+    ("data/synthscenes.yaml", "name"): "the group option's name; the schema leaves it required",
+}
+
+
+@pytest.mark.parametrize("path, schema", [
+    ("model/tokenizer.yaml", TokenizerModelConfig), ("model/ar.yaml", ARModelConfig),
+    ("model/sampler.yaml", SamplerModelConfig), ("loss/token_ce.yaml", SamplerLossConfig),
+    ("data/synthscenes.yaml", DataConfig), ("logger/wandb.yaml", LoggerConfig),
+])
+def test_each_schema_default_is_its_default_yaml_value(path, schema):
+    """Defaults live once: the YAML a group starts from repeats the schema's defaults or says why not."""
+    yaml = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / path))
+    found = [d for d in _disagreements(yaml, schema()) if (path, d.split(":")[0]) not in DIFFERENT_ON_PURPOSE]
+    assert not found, found
+
+
 def test_infer_config_composes():
     validate_infer(compose_config("infer"))
 
 
-@pytest.mark.parametrize("override, key", [("seed=-1", "seed"), ("compare_repeats=0", "compare_repeats")])
+@pytest.mark.parametrize("override, key", [("seed=-1", "seed"), ("compare_repeats=0", "compare_repeats"),
+                                           # the strategies' own checks (decoding/knobs.py), named by infer key
+                                           ("lantern_k=-1", "lantern_k"), ("lantern_delta=2", "lantern_delta"),
+                                           ("window=0", "window"), ("resample=magic", "resample"),
+                                           ("gamma=0", "gamma"), ("kv_refresh=later", "kv_refresh"),
+                                           ("relative=true", "relative")])
 def test_infer_out_of_range_values_are_named(override, key):
     with pytest.raises(ConfigError) as e:
         validate_infer(compose_config("infer", [override]))
@@ -151,3 +200,17 @@ def test_cli_bad_values_are_one_line_errors(script, override, key):
 def test_fit_without_a_model_names_the_experiments():
     r = _run("train.py", "hydra.run.dir=/tmp/mulosd-test-run")
     assert r.returncode == 2 and "inspect_data" in r.stderr
+
+
+def test_knob_dataclasses_are_built_from_a_config_by_their_fields():
+    from mulosd.decoding import KnobError, MuLoSDConfig, SDConfig, from_config
+
+    cfg = compose_config("infer", ["tau=0.3", "radius=2", "lantern_k=5", "lantern_delta=0.1", "gamma=3"])
+    ml = from_config(MuLoSDConfig, cfg)
+    assert (ml.tau, ml.radius, ml.acceptance, ml.resample) == (0.3, 2, cfg.acceptance, cfg.resample)
+    sd = from_config(SDConfig, cfg, acceptance="lantern")  # pool_k and delta read lantern_k, lantern_delta
+    assert (sd.gamma, sd.pool_k, sd.delta, sd.acceptance) == (3, 5, 0.1, "lantern")
+    assert from_config(SDConfig, cfg).acceptance == "exact"  # infer's `acceptance` is MuLo-SD's, never SD's
+    with pytest.raises(KnobError) as e:
+        from_config(SDConfig, compose_config("infer", ["lantern_k=-2"]))
+    assert e.value.key == "lantern_k"

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .ar.transformer import TransformerConfig
 from .data.synthscenes import vocab
-from .decoding import STRATEGY_NAMES
+from .decoding import STRATEGY_CONFIGS, STRATEGY_NAMES, KnobError, from_config
 from .losses.image_loss import ImageLossConfig
 from .paths import CONF
 from .tokenizer.vq import VQConfig
@@ -136,7 +136,7 @@ class TokenizerScheduleConfig(ScheduleConfig):
 class TokenizerModelConfig:
     name: str = "tokenizer"
     vq: VQConfig = field(default_factory=VQConfig)
-    loss: ImageLossConfig = field(default_factory=ImageLossConfig)
+    loss: ImageLossConfig = field(default_factory=lambda: ImageLossConfig(disc_start=2000))
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TokenizerScheduleConfig = field(default_factory=TokenizerScheduleConfig)
 
@@ -173,7 +173,9 @@ class ARModelConfig:
     object_weight: float = 1.0  # loss weight of the tokens that hold an object (SynthScenes knows its masks)
     ema: float = 0.0  # decay of an EMA of the weights, used for validation and export (0 = none)
     # vocab_size, grid and prefix are derived from the tokenizer, the resolution and the caption encoder
-    transformer: TransformerConfig = field(default_factory=TransformerConfig)
+    # the zoo's architecture (TransformerConfig's own defaults are a generic model's)
+    transformer: TransformerConfig = field(
+        default_factory=lambda: TransformerConfig(dim=192, layers=6, heads=6, cond_dim=192))
     sample: SampleConfig = field(default_factory=SampleConfig)
     optim: AROptimConfig = field(default_factory=AROptimConfig)
     train: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -198,8 +200,8 @@ class SamplerModelConfig:
     depth: int = 4
     init_from: str | None = None  # an earlier stage's sampler (zoo name or exported directory)
     loss: SamplerLossConfig = field(default_factory=SamplerLossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: ScheduleConfig = field(default_factory=ScheduleConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    train: ScheduleConfig = field(default_factory=lambda: ScheduleConfig(batches=1500))
 
 
 MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig, "ar": ARModelConfig, "sampler": SamplerModelConfig}
@@ -485,19 +487,13 @@ def validate_infer(cfg: DictConfig) -> None:
     _one_of(cfg.upsampler, ("latent", "pixel"), "upsampler")
     _one_of(cfg.stage, ("ce", "mse_lpips", "gan"), "stage")
     _one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
-    _one_of(cfg.rejection, ("local", "raster"), "rejection")
-    _one_of(cfg.resample, ("parallel", "serial", "zipar"), "resample")
-    _one_of(cfg.draft, ("serial", "zipar"), "draft")
-    _one_of(cfg.kv_refresh, ("eager", "round", "none"), "kv_refresh")
-    _one_of(cfg.acceptance, ("threshold", "sampled", "ratio"), "acceptance")
-    _require(not (cfg.acceptance != "threshold" and cfg.relative), "relative", "applies to acceptance=threshold only")
-    _require(0 <= cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")  # NaN fails too
-    _require(cfg.delta is None or 0 <= cfg.delta <= 1, "delta", f"must be in [0, 1] or null, got {cfg.delta}")
-    _require(0 <= cfg.lantern_delta <= 1, "lantern_delta", f"must be in [0, 1], got {cfg.lantern_delta}")
-    for key in ("pool_k", "radius", "lantern_k"):
-        _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
-    for key in ("draft_rows", "gamma", "window", "draft_window", "resample_window"):
-        _require(cfg[key] >= 1, key, f"must be >= 1, got {cfg[key]}")
+    for knobs in {c for c in STRATEGY_CONFIGS.values() if c is not None}:  # every strategy's own checks
+        try:
+            from_config(knobs, cfg)
+        except KnobError as e:
+            raise ConfigError(e.key, e.detail) from None
+    # the command line keeps tau a threshold on a probability; MuLoSDConfig also takes tau > 1 (reject every draft)
+    _require(cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")
     for key in ("cfg_scale", "draft_cfg_scale"):  # NaN fails too
         _require(cfg[key] is None or cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")

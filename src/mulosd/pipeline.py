@@ -24,13 +24,15 @@ from .ar import ARBackbone, Warpers
 from .config import ConfigError
 from .data.images import to_image
 from .decoding import (
-    STRATEGY_NAMES,
+    STRATEGY_CONFIGS,
     MuLoSDConfig,
     SDConfig,
+    ZipARConfig,
     decode_ar,
     decode_mulosd,
     decode_sd,
     decode_zipar,
+    from_config,
 )
 
 
@@ -181,34 +183,32 @@ class Strategy:
     drafts_with: str | None = None  # the extra model it drafts with: "drafter" (low-res) or "small"
 
 
+def _decode_zipar(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
+    return decode_zipar(p.backbone(), captions, window=from_config(ZipARConfig, cfg).window, **common)
+
+
 def _decode_sd(acceptance: str):
     def run(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-        sd = SDConfig(gamma=cfg.gamma, acceptance=acceptance, pool_k=cfg.lantern_k, delta=cfg.lantern_delta)
+        sd = from_config(SDConfig, cfg, acceptance=acceptance)
         return decode_sd(p.backbone(), p.backbone("small"), captions, sd, neighbours=p.neighbours, **common)
     return run
 
 
 def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-    ml = MuLoSDConfig(tau=cfg.tau, pool_k=cfg.pool_k, delta=cfg.delta, radius=cfg.radius, rejection=cfg.rejection,
-                      resample=cfg.resample, resample_window=cfg.resample_window, draft_rows=cfg.draft_rows,
-                      draft=cfg.draft, draft_window=cfg.draft_window, draft_temperature=cfg.draft_temperature,
-                      relative=cfg.relative, acceptance=cfg.acceptance, kv_refresh=cfg.kv_refresh,
-                      keep_rejected=cfg.keep_rejected)
     # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
     drafter = p.backbone("drafter", cfg.draft_cfg_scale)
-    return decode_mulosd(p.backbone(), drafter, p.up, p.down, captions, p.neighbours, ml, **common)
+    return decode_mulosd(p.backbone(), drafter, p.up, p.down, captions, p.neighbours,
+                         from_config(MuLoSDConfig, cfg), **common)
 
 
 STRATEGIES: dict[str, Strategy] = {
     "ar": Strategy(lambda p, cfg, captions, common: decode_ar(p.backbone(), captions, **common),
                    units=lambda cfg, G: G * G),
-    "zipar": Strategy(lambda p, cfg, captions, common: decode_zipar(p.backbone(), captions, window=cfg.window,
-                                                                    **common),
-                      units=lambda cfg, G: G + (G - 1) * cfg.window),
+    "zipar": Strategy(_decode_zipar, units=lambda cfg, G: G + (G - 1) * cfg.window, config=ZipARConfig),
     # sd / lantern: draft windows, a bound (a window commits at least one token)
     "sd": Strategy(_decode_sd("exact"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
     "lantern": Strategy(_decode_sd("lantern"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
     "mulosd": Strategy(_decode_mulosd, units=lambda cfg, G: G // cfg.r // cfg.draft_rows, config=MuLoSDConfig,
                        drafts_with="drafter"),
 }
-assert tuple(STRATEGIES) == STRATEGY_NAMES, "the registry and decoding.STRATEGY_NAMES list the same strategies"
+assert {k: s.config for k, s in STRATEGIES.items()} == STRATEGY_CONFIGS, "one list of strategies and their knobs"

@@ -1,13 +1,16 @@
 """Decoding strategies over one ARBackbone call; each returns tokens and a Trace."""
 
 from .ar import decode_ar
+from .knobs import KnobError, from_config
 from .mulosd import MuLoSDConfig, decode_mulosd
 from .sd import SDConfig, decode_sd
 from .trace import Round, Trace
-from .zipar import decode_zipar
+from .zipar import ZipARConfig, decode_zipar
 
-# every strategy, in the order tables list them (mulosd.pipeline.STRATEGIES runs them)
-STRATEGY_NAMES = ("ar", "zipar", "sd", "lantern", "mulosd")
+# every strategy, in the order tables list them (mulosd.pipeline.STRATEGIES runs them), with the dataclass of its
+# own settings (None: it has none)
+STRATEGY_CONFIGS = {"ar": None, "zipar": ZipARConfig, "sd": SDConfig, "lantern": SDConfig, "mulosd": MuLoSDConfig}
+STRATEGY_NAMES = tuple(STRATEGY_CONFIGS)
 
-__all__ = ["STRATEGY_NAMES", "MuLoSDConfig", "Round", "SDConfig", "Trace", "decode_ar", "decode_mulosd", "decode_sd",
-           "decode_zipar"]
+__all__ = ["STRATEGY_CONFIGS", "STRATEGY_NAMES", "KnobError", "MuLoSDConfig", "Round", "SDConfig", "Trace",
+           "ZipARConfig", "decode_ar", "decode_mulosd", "decode_sd", "decode_zipar", "from_config"]

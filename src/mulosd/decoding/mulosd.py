@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 
@@ -46,6 +47,7 @@ from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import outside_pool, pooled_accept, pooled_mass, sampled_accept
 from .islands import expand, first_rejected, raster_linked_islands
+from .knobs import check, one_of
 from .trace import Round, Trace
 from .zipar import zipar_rows
 
@@ -71,35 +73,27 @@ class MuLoSDConfig:
     # drafter's pooled mass of the low-res token the position was up-sampled from
     acceptance: str = "threshold"
 
+    REJECTIONS: ClassVar = ("local", "raster")
+    RESAMPLES: ClassVar = ("parallel", "serial", "zipar")
+    KV_REFRESHES: ClassVar = ("eager", "round", "none")
+    DRAFTS: ClassVar = ("serial", "zipar")
+    ACCEPTANCES: ClassVar = ("threshold", "sampled", "ratio")
+
     def __post_init__(self):
-        if not (self.tau >= 0):  # NaN fails too
-            raise ValueError(f"tau must be >= 0 (and in [0, 1] for a meaningful test), got {self.tau}")
-        if self.pool_k < 0:
-            raise ValueError(f"pool_k must be >= 0, got {self.pool_k}")
-        if self.delta is not None and not (0 <= self.delta <= 1):
-            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
-        if self.radius < 0:
-            raise ValueError(f"radius must be >= 0, got {self.radius}")
-        if self.rejection not in ("local", "raster"):
-            raise ValueError(f"rejection must be local or raster, got {self.rejection!r}")
-        if self.resample not in ("parallel", "serial", "zipar"):
-            raise ValueError(f"resample must be parallel, serial or zipar, got {self.resample!r}")
-        if self.kv_refresh not in ("eager", "round", "none"):
-            raise ValueError(f"kv_refresh must be eager, round or none, got {self.kv_refresh!r}")
-        if self.resample_window < 1:
-            raise ValueError(f"resample_window must be >= 1, got {self.resample_window}")
-        if self.draft not in ("serial", "zipar"):
-            raise ValueError(f"draft must be serial or zipar, got {self.draft!r}")
-        if self.draft_window < 1:
-            raise ValueError(f"draft_window must be >= 1, got {self.draft_window}")
-        if self.draft_rows < 1:
-            raise ValueError(f"draft_rows must be >= 1, got {self.draft_rows}")
-        if self.draft_temperature is not None and not (self.draft_temperature >= 0):
-            raise ValueError(f"draft_temperature must be >= 0, got {self.draft_temperature}")
-        if self.acceptance not in ("threshold", "sampled", "ratio"):
-            raise ValueError(f"acceptance must be threshold, sampled or ratio, got {self.acceptance!r}")
-        if self.acceptance != "threshold" and self.relative:
-            raise ValueError("relative applies to acceptance=threshold only")
+        check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")  # NaN fails too; > 1 rejects every draft
+        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
+        check(self.delta is None or 0 <= self.delta <= 1, "delta", f"must be in [0, 1] or null, got {self.delta}")
+        check(self.radius >= 0, "radius", f"must be >= 0, got {self.radius}")
+        one_of(self.rejection, self.REJECTIONS, "rejection")
+        one_of(self.resample, self.RESAMPLES, "resample")
+        one_of(self.kv_refresh, self.KV_REFRESHES, "kv_refresh")
+        one_of(self.draft, self.DRAFTS, "draft")
+        one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
+        for key in ("resample_window", "draft_window", "draft_rows"):
+            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        t = self.draft_temperature
+        check(t is None or t >= 0, "draft_temperature", f"must be >= 0, got {t}")
+        check(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
 
 
 def _sample_draft(logits, warpers, seed, ids, pos, q_pool=None):

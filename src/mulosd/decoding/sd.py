@@ -13,7 +13,8 @@ draws and the verifier's draws use separate noise streams keyed by (seed, image,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -21,25 +22,25 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import pooled_mass, residual
+from .knobs import check, one_of
 from .trace import Trace
 
 
 @dataclass(frozen=True)
 class SDConfig:
     gamma: int = 4
-    acceptance: str = "exact"  # exact | lantern
-    pool_k: int = 8  # lantern
-    delta: float = 0.2  # lantern
+    # exact | lantern: chosen by the strategy (decoding=sd or lantern), never read from a config
+    acceptance: str = field(default="exact", metadata={"key": None})
+    pool_k: int = field(default=8, metadata={"key": "lantern_k"})  # lantern
+    delta: float = field(default=0.2, metadata={"key": "lantern_delta"})  # lantern
+
+    ACCEPTANCES: ClassVar = ("exact", "lantern")
 
     def __post_init__(self):
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
-        if self.acceptance not in ("exact", "lantern"):
-            raise ValueError(f"acceptance must be exact or lantern, got {self.acceptance!r}")
-        if not 0 <= self.delta <= 1:
-            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
-        if self.pool_k < 0:
-            raise ValueError(f"pool_k must be >= 0, got {self.pool_k}")
+        check(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
+        one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
+        check(0 <= self.delta <= 1, "delta", f"must be in [0, 1], got {self.delta}")
+        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
 
 
 def _padded(rows: list[list[tuple[int, int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
