@@ -171,7 +171,7 @@ def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     for r in (2, 4):
         up = LatentUpsampler(tok.codebook(), r, width=16, depth=1, head="logits")
         save(up, "sampler", {"kind": "up", "r": r, "width": 16, "depth": 1, "stage": "token_ce"},
-             tmp_path / f"synthscenes_up{r}_ce", recipe="test")
+             tmp_path / f"synthscenes_up{r}_token_ce", recipe="test")
     assert main(["--n", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer),
                  "--out", str(tmp_path / "ablation.md")]) == 0
     out = capsys.readouterr().out.strip().splitlines()

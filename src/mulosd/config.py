@@ -268,7 +268,7 @@ class InferConfig:
     # MuLo-SD
     r: int = 2
     upsampler: str = "latent"  # latent | pixel
-    stage: str = "gan"  # latent up-sampler's loss stage: ce | mse_lpips | gan
+    stage: str = "gan"  # the latent up-sampler's loss stage (SAMPLER_STAGES): token_ce | mse_lpips | gan
     sr: str = "bicubic"  # pixel path: bicubic | lanczos
     # with acceptance=ratio: GenEval +0.001 +- 0.020 against ar at 2.39x (2000 prompts, docs/results.md); tau 0.05
     # is faster (2.85x) at -0.018 +- 0.020, an interval that reaches past the 0.03 quality target
@@ -485,7 +485,7 @@ def validate_infer(cfg: DictConfig) -> None:
              "prompt_file=")
     _one_of(cfg.r, RATIOS, "r")
     _one_of(cfg.upsampler, ("latent", "pixel"), "upsampler")
-    _one_of(cfg.stage, ("ce", "mse_lpips", "gan"), "stage")
+    _one_of(cfg.stage, SAMPLER_STAGES, "stage")
     _one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
     for knobs in {c for c in STRATEGY_CONFIGS.values() if c is not None}:  # every strategy's own checks
         try:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import SAMPLER_STAGES
 from ..data.images import downsample, to_image, to_tensor
 from ..data.synthscenes import judge, render, sample_scene
 from ..data.synthscenes.judge import falsify
@@ -28,7 +29,7 @@ from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
 from ..zoo import TOKENIZER, load_sampler, load_tokenizer
 
-STAGES = ("ce", "mse_lpips", "gan")
+STAGES = SAMPLER_STAGES
 SIZE = 128
 
 
@@ -102,8 +103,8 @@ def summary_line(results: dict) -> str:
         m = results.get(r, {}).get(f"latent {stage}")
         return m[key] if m else math.nan
 
-    return (f"samplers: r2_ce_acc={get(2, 'ce', 'acc'):.3f} r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} "
-            f"r4_ce_acc={get(4, 'ce', 'acc'):.3f} r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
+    return (f"samplers: r2_ce_acc={get(2, 'token_ce', 'acc'):.3f} r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} "
+            f"r4_ce_acc={get(4, 'token_ce', 'acc'):.3f} r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
 
 
 def main(argv=None) -> int:
