@@ -26,7 +26,7 @@ demo: setup
 
 test: setup
 	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -v --durations=10  # -v: the name of each test as it starts (some run for minutes)
 
 lint: setup
 	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks

@@ -36,6 +36,25 @@ def assert_quiet_logs(result, log_file: Path) -> None:
             assert printed in logged, printed
 
 
+def cli_error(script: str, overrides: list[str], run_dir: Path, capsys) -> int:
+    """`python SCRIPT OVERRIDES` up to its first refusal, in-process: group choices, composition, validation
+    and the run itself, under the entry points' own `exit_on_config_error`; returns the exit status (0 when
+    nothing was refused) and leaves the printed error in capsys."""
+    import pytest
+
+    from mulosd import inference, training
+    from mulosd.config import check_group_choices, exit_on_config_error
+
+    name, run = {"train.py": ("train", training.run), "infer.py": ("infer", inference.run)}[script]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        with exit_on_config_error():
+            check_group_choices(overrides)
+            run(compose_config(name, overrides), run_dir)
+        raise SystemExit(0)
+    return e.value.code
+
+
 def compose_config(name: str, overrides=()):
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         return compose(config_name=name, overrides=list(overrides))

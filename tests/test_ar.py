@@ -225,6 +225,7 @@ def tiny_tokenizer(tmp_path_factory):
     return save(m, "vq_tokenizer", m.config.to_dict(), tmp_path_factory.mktemp("tok") / "tok", recipe="test")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", ["zoo_ar_32", "zoo_ar_64", "zoo_ar_128", "zoo_ar_128_small",
                                         "zoo_ar_128 model.resolutions=[64,128] model.object_weight=4 model.ema=0.9"])
 def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, tiny_tokenizer):

@@ -5,7 +5,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import ROOT, compose_config
+
+pytestmark = pytest.mark.slow  # end to end: real interpreters, real training or decoding
 
 
 def _bench(zoo, out, *extra):

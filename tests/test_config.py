@@ -24,7 +24,7 @@ from mulosd.config import (
 )
 from mulosd.training import available_experiments, build_logger, build_trainer
 
-from .conftest import ROOT, compose_config
+from .conftest import ROOT, cli_error, compose_config
 
 GROUPS = {g: sorted(p.stem for p in (ROOT / "conf" / g).glob("*.yaml")) for g in ("data", "trainer", "logger")}
 LAION = "data.train_urls='/tmp/none/{00000..00003}.tar'"  # braces need quotes in Hydra overrides
@@ -189,11 +189,12 @@ def test_cli_typo_exits_nonzero_naming_the_key():
     ("infer.py", "tau=1.2", "tau"),
     ("infer.py", "resample_window=0", "resample_window"),
 ])
-def test_cli_bad_values_are_one_line_errors(script, override, key):
+def test_cli_bad_values_are_one_line_errors(script, override, key, tmp_path, capsys):
+    """In-process, the checks the entry points make in their order (test_cli_typo_exits_nonzero_naming_the_key
+    and the README's quoted errors run the real interpreters)."""
     args = override.split() if override.startswith("experiment=") else [override]
-    r = _run(script, *args, "hydra.run.dir=/tmp/mulosd-test-run")
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
+    assert cli_error(script, args, tmp_path, capsys) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0]
 
 

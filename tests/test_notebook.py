@@ -3,9 +3,12 @@
 import json
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from .conftest import ROOT
+
+pytestmark = pytest.mark.slow  # end to end: real interpreters, real training or decoding
 
 
 def test_walkthrough_notebook_runs_and_draws_every_step(tiny_zoo, monkeypatch):

@@ -62,6 +62,7 @@ def test_the_quoted_error_lines_are_what_the_commands_print(command, error, tmp_
     assert r.stderr.strip().startswith(error.removesuffix("...").rstrip()), r.stderr
 
 
+@pytest.mark.slow
 def test_the_first_training_run_trains_and_its_export_decodes(tmp_path):
     """The README's quick run, shrunk to 2 batches on a few scenes (the overrides appended win), then the
     README's infer line on its export."""

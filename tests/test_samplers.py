@@ -102,6 +102,7 @@ def _train(run_dir, experiment, *extra):
     return r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment,r", [("upsampler_ce", 2), ("upsampler_mse_lpips", 4), ("upsampler_gan", 2),
                                           ("downsampler", 4)])
 def test_experiment_runs_a_two_batch_fast_dev_run(experiment, r, tmp_path, tmp_path_factory, tiny_tokenizer):

@@ -80,6 +80,7 @@ def test_the_offline_command_in_each_header_is_the_sweep_grid_logged_offline(pat
     assert [header[k] for k in MODE_KEYS & set(header)] == ["offline"]
 
 
+@pytest.mark.slow
 def test_the_offline_inference_sweep_keeps_the_repository_clean(tiny_zoo, tmp_path, two_prompts):
     """The header's multirun, cut to its first point: it runs, its W&B run lands in the job's directory, and
     nothing appears in the repository (a ./wandb/ there once broke `make lint`)."""
@@ -101,6 +102,7 @@ def test_the_offline_inference_sweep_keeps_the_repository_clean(tiny_zoo, tmp_pa
     assert lint.returncode == 0, lint.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_first_point_of_the_loss_sweep_runs(tmp_path, tmp_path_factory):
     from mulosd.tokenizer import VQConfig, VQModel
     from mulosd.zoo import save

@@ -14,6 +14,8 @@ from mulosd.reliability.common import Check, World, make_world
 
 from ..conftest import ROOT
 
+pytestmark = pytest.mark.slow  # end to end: real interpreters, real training or decoding
+
 
 @pytest.fixture(scope="module")
 def battery(tmp_path_factory):
