@@ -5,8 +5,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from mulosd.ar import SceneCaptionEncoder, Transformer, TransformerConfig
+from mulosd.ar import Transformer, TransformerConfig
 from mulosd.config import register_configs
+from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.data.synthscenes.shards import write_split
 from mulosd.paths import ROOT
 from mulosd.samplers import LatentDownsampler, LatentUpsampler

@@ -7,9 +7,10 @@ import sys
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers, sample, warp
+from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers, sample, warp
 from mulosd.ar.noise import hash32, uniform
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
+from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import decode_ar
 
 from .conftest import ROOT, assert_quiet_logs

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
+from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
+from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
 from mulosd.decoding.acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
 from mulosd.decoding.islands import expand, islands, raster_linked_islands

@@ -4,7 +4,8 @@ CPU, every strategy runs on the device with CFG and batch > 1, and a sampler tra
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig
+from mulosd.ar import ARBackbone, Transformer, TransformerConfig
+from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer.neighbours import neighbour_table

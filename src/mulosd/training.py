@@ -78,7 +78,7 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
 
         return TokenizerModule(vq=m["vq"], loss=m["loss"], optim=m["optim"], train=m["train"])
     if m["name"] == "ar":
-        from .ar.conditioning import SceneCaptionEncoder
+        from .data.synthscenes.encoder import SceneCaptionEncoder
         from .lit.ar import ARModule
         from .zoo import read_config
 

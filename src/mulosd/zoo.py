@@ -132,7 +132,8 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
     the tokenizer it was trained on (name and weights digest), its resolution and its sampling defaults.
     A multi-resolution model is returned at `resolution` (default: its own default), and meta["resolution"]
     says which; asking a single-resolution model for another size is an error."""
-    from .ar import SceneCaptionEncoder, Transformer, TransformerConfig
+    from .ar import Transformer, TransformerConfig
+    from .data.synthscenes.encoder import SceneCaptionEncoder
 
     path = resolve(name_or_path)
     meta = read_config(path)

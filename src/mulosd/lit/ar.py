@@ -24,9 +24,10 @@ from timm.scheduler import CosineLRScheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from ..ar import ARBackbone, SceneCaptionEncoder, Transformer, TransformerConfig, Warpers
+from ..ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from ..data.images import to_image
 from ..data.synthscenes import judge, parse_caption
+from ..data.synthscenes.encoder import SceneCaptionEncoder
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard
 from .resume import assert_finite, rng_state, set_rng_state
