@@ -28,6 +28,7 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..samplers import build_sampler
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
+from .adversarial import AdversarialSteps
 from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 STAGES = ("token_ce", "mse_lpips", "gan")
 
 
-class SamplerModule(L.LightningModule):
+class SamplerModule(AdversarialSteps, L.LightningModule):
     optimizer_steps_per_batch = 2
 
     def __init__(self, kind: str, r: int, tokenizer: str, width: int, depth: int, init_from: str | None,
@@ -113,40 +114,23 @@ class SamplerModule(L.LightningModule):
         return loss, logs, fake
 
     def training_step(self, batch, batch_idx):
-        opt_g, opt_d = self.optimizers()
-        set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
-                                 self.batches_seen)
+        set_stable_then_decay_lr(self.optimizers(), self.optim, int(self.train_cfg["batches"]), self.batches_seen)
         n = self.batches_seen + 1
         if self.guard.nonfinite("data", batch_images(batch), n):
-            return self._skip_step(opt_g, opt_d)
+            return self.skip_step()
         low, high = self.tokens(batch)
         loss, logs, fake = self.generator_loss(batch, low, high)
-        if self.guard.nonfinite("generator loss", loss, n):
-            return self._skip_step(opt_g, opt_d)
-        opt_g.zero_grad(set_to_none=True)
-        self.manual_backward(loss)
-        self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
-        opt_g.step()
-        opt_d.zero_grad(set_to_none=True)
-        clean = True
-        if self.image_loss is not None and self.image_loss.gan_active(self.batches_seen):
-            d_loss, d_logs = self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])
-            clean = not self.guard.nonfinite("discriminator loss", d_loss, n)
-            if clean:
-                self.manual_backward(d_loss)
-                self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
-                logs.update(d_logs)
-        opt_d.step()  # a no-op without gradients
-        if clean:
-            self.guard.clean()
-        self.batches_seen += 1
+        gan = self.image_loss is not None and self.image_loss.gan_active(self.batches_seen)
+        d_logs = self.adversarial_step(loss, self._discriminator(batch, fake) if gan else None, n)
+        if d_logs is None:
+            return None
+        logs.update(d_logs)
         self.log("train/acc", logs.pop("acc"), prog_bar=True, on_step=True)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
 
-    def _skip_step(self, opt_g, opt_d) -> None:
-        self.guard.skip_step((opt_g, opt_d))
-        self.batches_seen += 1
+    def _discriminator(self, batch, fake):
+        return lambda: self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])
 
     @torch.no_grad()
     def predict_tokens(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:

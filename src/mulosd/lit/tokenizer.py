@@ -20,11 +20,12 @@ from ..losses import ImageLoss, ImageLossConfig
 from ..losses.image_loss import LPIPS_MIN_SIZE
 from ..tokenizer import VQConfig, VQModel
 from ..viz import captioned_grid
+from .adversarial import AdversarialSteps
 from .guards import NonFiniteGuard, batch_images
 from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_decay_lr
 
 
-class TokenizerModule(L.LightningModule):
+class TokenizerModule(AdversarialSteps, L.LightningModule):
     def __init__(self, vq: dict, loss: dict, optim: dict, train: dict):
         super().__init__()
         self.save_hyperparameters()  # plain dicts only: checkpoints load with weights_only=True
@@ -57,45 +58,26 @@ class TokenizerModule(L.LightningModule):
         return [image] + [batch["low"][r] for r in sorted(batch["low"])]
 
     def training_step(self, batch, batch_idx):
-        opt_g, opt_d = self.optimizers()
-        factor = set_stable_then_decay_lr((opt_g, opt_d), self.optim, int(self.train_cfg["batches"]),
+        factor = set_stable_then_decay_lr(self.optimizers(), self.optim, int(self.train_cfg["batches"]),
                                           self.batches_seen)
         n = self.batches_seen + 1
         reals = self.views(batch)  # before the data check: the crop generator advances on every batch
         if self.guard.nonfinite("data", batch_images(batch), n):
-            return self._skip_step(opt_g, opt_d)
+            return self.skip_step()
         outs = [self.model(x) for x in reals]
         fakes = [o[0] for o in outs]
         qloss = sum(o[2] for o in outs) / len(outs)
         g_loss, logs = self.loss.generator_loss(reals, fakes, self.model.last_layer(), self.batches_seen)
         total = g_loss + qloss
-        if self.guard.nonfinite("generator loss", total, n):
-            return self._skip_step(opt_g, opt_d)
-        opt_g.zero_grad(set_to_none=True)
-        self.manual_backward(total)
-        self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
-        opt_g.step()
-        opt_d.zero_grad(set_to_none=True)
-        clean = True
-        if self.loss.gan_active(self.batches_seen):
-            d_loss, d_logs = self.loss.discriminator_loss(reals, fakes)
-            clean = not self.guard.nonfinite("discriminator loss", d_loss, n)
-            if clean:
-                self.manual_backward(d_loss)
-                self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
-                logs.update(d_logs)
-        opt_d.step()  # a no-op without gradients (before the warm-up)
-        if clean:
-            self.guard.clean()
-        self.batches_seen += 1
+        gan = self.loss.gan_active(self.batches_seen)
+        d_logs = self.adversarial_step(total, (lambda: self.loss.discriminator_loss(reals, fakes)) if gan else None, n)
+        if d_logs is None:
+            return None
+        logs.update(d_logs)
         logs.update(q_loss=qloss.detach(), total=total.detach(), lr_factor=factor)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, prog_bar=False, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
         self.log("train/rec", logs.get("l1", logs.get("mse")), prog_bar=True, on_step=True)
-
-    def _skip_step(self, opt_g, opt_d) -> None:
-        self.guard.skip_step((opt_g, opt_d))
-        self.batches_seen += 1
 
     @torch.no_grad()
     def reconstruct(self, images: torch.Tensor) -> torch.Tensor:
