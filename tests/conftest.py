@@ -43,10 +43,11 @@ def cli_error(script: str, overrides: list[str], run_dir: Path, capsys) -> int:
     nothing was refused) and leaves the printed error in capsys."""
     import pytest
 
-    from mulosd import inference, training
+    from mulosd import bench, inference, training
     from mulosd.config import check_group_choices, exit_on_config_error
 
-    name, run = {"train.py": ("train", training.run), "infer.py": ("infer", inference.run)}[script]
+    name, run = {"train.py": ("train", training.run), "infer.py": ("infer", inference.run),
+                 "bench.py": ("bench", bench.run)}[script]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         with exit_on_config_error():
