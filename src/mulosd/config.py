@@ -270,14 +270,13 @@ class InferConfig:
     upsampler: str = "latent"  # latent | pixel
     stage: str = "gan"  # the latent up-sampler's loss stage (SAMPLER_STAGES): token_ce | mse_lpips | gan
     sr: str = "bicubic"  # pixel path: bicubic | lanczos
-    # with acceptance=ratio: GenEval +0.001 +- 0.020 against ar at 2.39x (2000 prompts, docs/results.md); tau 0.05
-    # is faster (2.85x) at -0.018 +- 0.020, an interval that reaches past the 0.03 quality target
+    # the defaults below are the bench's choices at r = 2, each measured in docs/results.md: tau 0.5 (with
+    # acceptance=ratio) is the fastest setting whose GenEval interval against ar stays inside the quality target
     tau: float = 0.5
     pool_k: int = 64  # 64 of 1024 codes: LANTERN's share (1000 of 16384)
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"
-    # defaults from docs/bench_r2_400_zip: 2.6x over ar at radius 1 (raster islands and serial drafting: 1.3x)
     resample: str = "zipar"  # parallel | serial | zipar (an island's rows advance together)
     resample_window: int = 2  # ZipAR window for resample=zipar
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context until resampled
@@ -289,8 +288,7 @@ class InferConfig:
     draft_cfg_scale: float | None = None  # the drafter's guidance scale; None = the verifier's
     relative: bool = False  # acceptance against the mode's pooled mass (see decoding/acceptance.py)
     # threshold: pooled mass >= tau (the paper) | sampled: with probability min(1, mass / tau) | ratio: min(1,
-    # mass / (tau q)), q the drafter's pooled mass of the parent low-res token. ratio at tau 0.05 measured 8% faster
-    # than threshold at equal GenEval (+0.004 +- 0.019, 2000 prompts; docs/results.md)
+    # mass / (tau q)), q the drafter's pooled mass of the parent low-res token (docs/guide.md, "Decoding")
     acceptance: str = "ratio"
     # baselines
     gamma: int = 4  # sd / lantern draft length

@@ -117,8 +117,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     acceptance rates with it)."""
     warpers = warpers or Warpers()
     # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the verifier
-    # samples: more of its drafts pass (0.5: 43% -> 50% accepted, 2.75x -> 2.90x), at a GenEval cost too small to
-    # resolve on 2000 prompts (-0.008 +- 0.019; README "Results")
+    # samples (what that buys and costs: docs/results.md)
     draft_warpers = warpers if cfg.draft_temperature is None else replace(warpers, temperature=cfg.draft_temperature)
     B, G, g = len(captions), verifier.grid, drafter.grid
     if G % g:
