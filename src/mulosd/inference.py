@@ -69,8 +69,12 @@ def _compare(pipe: Pipeline, cfg: DictConfig, texts: list[str]):
     return runs[strategy][0], runs["ar"][0], ratios
 
 
-def _verdicts(images, texts) -> list:
-    return [judge(image, parse_caption(text)) for image, text in zip(images, texts, strict=True)]
+def _judged(images, texts, synthscenes: bool) -> tuple[list, float | None]:
+    """The judge's verdict per image and their SynthScenes-GenEval (None and None for free-text prompts)."""
+    if not synthscenes:
+        return [None] * len(texts), None
+    verdicts = [judge(image, parse_caption(text)) for image, text in zip(images, texts, strict=True)]
+    return verdicts, float(np.mean([v.geneval for v in verdicts]))
 
 
 def _verdict_text(v) -> str:
@@ -107,7 +111,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         (images, traces), (ar_images, ar_traces), ratios = _compare(pipe, cfg, texts)
     else:
         images, traces = decode_all(pipe, cfg.decoding, cfg, texts)
-    verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
+    verdicts, geneval = _judged(images, texts, synthscenes)
     for i, (text, image, v) in enumerate(zip(texts, images, verdicts, strict=True)):
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)
@@ -121,16 +125,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             acceptance_maps(batch_images, trace.rounds, pipe.verifier.cfg.grid).save(path)
             log.info(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
     wall = sum(t.wall_s for t in traces)
-    geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     for t in traces:
         log.info(t.summary())
     log.info(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {_score(geneval)}; "
-          f"grid -> {grid_path}")
+             f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}
     if cfg.compare:
         ar_wall = sum(t.wall_s for t in ar_traces)
-        ar_verdicts = _verdicts(ar_images, texts) if synthscenes else [None] * len(texts)
-        ar_geneval = float(np.mean([v.geneval for v in ar_verdicts])) if synthscenes else None
+        ar_verdicts, ar_geneval = _judged(ar_images, texts, synthscenes)
         captioned_grid(ar_images, _marked(texts, ar_verdicts), cols=min(4, len(ar_images))).save(
             out_dir / "grid_ar.png")
         for t in ar_traces:
@@ -140,7 +142,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                    "speedups": ratios}
         log.info(f"ar: {len(texts)} images in {ar_wall:.2f} s, SynthScenes-GenEval {_score(ar_geneval)}")
         log.info(f"speedup={speedup:.2f} spread={min(ratios):.2f}-{max(ratios):.2f} repeats={len(ratios)} "
-              f"judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
+                 f"judge_{cfg.decoding}={_score(geneval)} judge_ar={_score(ar_geneval)}")
     if cfg.wandb != "disabled":
         _log_wandb(cfg, result, traces, grid_path, run_dir)
     return result
@@ -156,14 +158,13 @@ def _run_distributed(cfg: DictConfig, texts: list[str], out_dir: Path, synthscen
     if result is None:
         return None
     images = result["images"]
-    verdicts = _verdicts(images, texts) if synthscenes else [None] * len(texts)
+    verdicts, geneval = _judged(images, texts, synthscenes)
     for i, (text, v) in enumerate(zip(texts, verdicts, strict=True)):
         log.info(f"[{i}] {text!r} -> {out_dir / f'{i:03d}.png'}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
     captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
-    geneval = float(np.mean([v.geneval for v in verdicts])) if synthscenes else None
     log.info(f"{cfg.decoding}: {len(texts)} images on {result['ranks']} processes in {result['wall_s']:.2f} s "
-          f"(slowest process), SynthScenes-GenEval {_score(geneval)}; grid -> {grid_path}")
+             f"(slowest process), SynthScenes-GenEval {_score(geneval)}; grid -> {grid_path}")
     return result | {"geneval": geneval}
 
 

@@ -22,7 +22,6 @@ from omegaconf import DictConfig
 
 from .ar import ARBackbone, Warpers
 from .config import ConfigError
-from .data.images import to_image
 from .decoding import (
     STRATEGY_CONFIGS,
     MuLoSDConfig,
@@ -34,6 +33,7 @@ from .decoding import (
     decode_zipar,
     from_config,
 )
+from .tokenizer import tokens_to_images
 
 
 def _load(key: str, fn, *args, **kw):
@@ -153,10 +153,9 @@ class Pipeline:
         common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
         return STRATEGIES[strategy].decode(self, cfg, captions, common)
 
-    @torch.no_grad()
     def images(self, tokens: torch.Tensor) -> list[np.ndarray]:
         """Token grids [B, G, G] -> uint8 RGB images [H, W, 3]."""
-        return [to_image(x) for x in self.tokenizer.decode(tokens).clamp(-1, 1)]
+        return tokens_to_images(self.tokenizer, tokens)
 
 
 def _upsampler(cfg: DictConfig, tokenizer, name, check_against, device: str = "cpu") -> Callable:

@@ -144,8 +144,8 @@ def round_panels(tokenizer, rnd, final: torch.Tensor, i: int = 0, size: int = 19
     (outlined: accepted green, rejected red, expanded yellow) | rejection islands (one outline colour each,
     resampled concurrently) | committed (the block after resampling). `final` [B, G, G] is the decoded token
     grid: rows a round commits never change later."""
-    from .data.images import to_image
     from .decoding.islands import raster_linked_islands
+    from .tokenizer import tokens_to_images
 
     if rnd.low_draft is None or rnd.high_draft is None:
         raise ValueError("this round carries no drafts (only decode_mulosd records them)")
@@ -163,7 +163,7 @@ def round_panels(tokenizer, rnd, final: torch.Tensor, i: int = 0, size: int = 19
         canvas = np.full((size, size, 3), BLANK, np.uint8)
         if rows:
             part = tokens.view(1, grid, grid)[:, :rows].to(device)
-            image = to_image(tokenizer.decode(part).clamp(-1, 1)[0])
+            image = tokens_to_images(tokenizer, part)[0]
             height = round(size * rows / grid)
             canvas[:height] = np.asarray(Image.fromarray(image).resize((size, height), Image.Resampling.NEAREST))
         return canvas

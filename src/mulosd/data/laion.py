@@ -20,10 +20,9 @@ from pathlib import Path
 from ..paths import IMG2DATASET_ENV
 
 IMG2DATASET = "img2dataset==1.47.0"
-ENV = IMG2DATASET_ENV
 
 
-def ensure_env(env: Path = ENV) -> Path:
+def ensure_env(env: Path = IMG2DATASET_ENV) -> Path:
     """The isolated environment's img2dataset executable (created, then installed into, on first use)."""
     exe = env / "bin" / "img2dataset"
     if not exe.is_file():
@@ -55,7 +54,7 @@ def summary(out: Path) -> dict:
 
 def prepare(url_list: Path, out: Path, image_size: int = 256, input_format: str = "parquet", url_col: str = "URL",
             caption_col: str = "TEXT", processes: int = 4, threads: int = 32, per_shard: int = 10000,
-            env: Path = ENV) -> dict:
+            env: Path = IMG2DATASET_ENV) -> dict:
     if not Path(url_list).is_file():
         raise FileNotFoundError(f"no URL list at {url_list}")
     exe = ensure_env(env)

@@ -25,9 +25,9 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from ..ar import ARBackbone, Transformer, TransformerConfig, Warpers
-from ..data.images import to_image
 from ..data.synthscenes import judge, parse_caption
 from ..data.synthscenes.encoder import SceneCaptionEncoder
+from ..tokenizer import tokens_to_images
 from ..viz import captioned_grid
 from .guards import NonFiniteGuard
 from .resume import assert_finite, rng_state, set_rng_state
@@ -154,7 +154,7 @@ class ARModule(L.LightningModule):
         tokenizer = load_tokenizer(self.hparams["tokenizer"], device=self.device)
         backbone = ARBackbone(*self.weights(), cfg_scale=s["cfg_scale"])
         tokens, _ = decode_ar(backbone, captions, seed=0, warpers=Warpers(s["temperature"], s["top_k"], s["top_p"]))
-        images = [to_image(x) for x in tokenizer.decode(tokens).clamp(-1, 1)]
+        images = tokens_to_images(tokenizer, tokens)
         ok = [judge(im, parse_caption(c)).geneval for im, c in zip(images, captions, strict=True)]
         self.log("val/geneval_samples", float(np.mean(ok)), batch_size=len(ok))
         labels = [("OK " if o else "NO ") + c for o, c in zip(ok, captions, strict=True)]

@@ -121,16 +121,14 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         low, high = self.tokens(batch)
         loss, logs, fake = self.generator_loss(batch, low, high)
         gan = self.image_loss is not None and self.image_loss.gan_active(self.batches_seen)
-        d_logs = self.adversarial_step(loss, self._discriminator(batch, fake) if gan else None, n)
+        disc = (lambda: self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])) if gan else None
+        d_logs = self.adversarial_step(loss, disc, n)
         if d_logs is None:
             return None
         logs.update(d_logs)
         self.log("train/acc", logs.pop("acc"), prog_bar=True, on_step=True)
         self.log_dict({f"train/{k}": v for k, v in logs.items()}, on_step=True)
         self.log("train/batches", float(self.batches_seen), prog_bar=True, on_step=True)
-
-    def _discriminator(self, batch, fake):
-        return lambda: self.image_loss.discriminator_loss([batch["image"]], [fake.detach()])
 
     @torch.no_grad()
     def predict_tokens(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:

@@ -17,11 +17,11 @@ import torch
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers
-from ..data.images import to_image
 from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
 from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
+from ..tokenizer import tokens_to_images
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
 
 MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
@@ -40,8 +40,7 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
         chunk = prompts[i:i + batch]
         bb = ARBackbone(model, encoder, cfg_scale=s["cfg_scale"])
         tokens, _ = decode_ar(bb, chunk, seed=0, warpers=warpers, image_ids=torch.arange(i, i + len(chunk)))
-        with torch.no_grad():
-            images += [to_image(x) for x in tokenizer.decode(tokens).clamp(-1, 1)]
+        images += tokens_to_images(tokenizer, tokens)
     batched_s = time.perf_counter() - start
     lat = []
     for i in range(latency_prompts):  # batch 1, as the paper reports latency
