@@ -12,7 +12,7 @@ from mulosd.data.synthscenes.shards import write_split
 from mulosd.paths import ROOT
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer import VQConfig, VQModel
-from mulosd.zoo import save, tokenizer_digest
+from mulosd.zoo import save, save_ar, tokenizer_digest
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 register_configs()
@@ -79,22 +79,20 @@ TINY_CODES = 128  # more than the default pool_k (64) neighbours
 def _tiny_tokenizer(path, seed):
     torch.manual_seed(seed)
     m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=TINY_CODES)).eval()
-    return save(m, "vq_tokenizer", m.config.to_dict(), path, recipe="test"), m
+    return save(m, "vq_tokenizer", path, recipe="test"), m
 
 
 def _tiny_ar(path, tok_path, resolution, dim=32, resolutions=()):
     cfg = TransformerConfig(vocab_size=TINY_CODES, grid=resolution // 8, dim=dim, layers=1, heads=2, cond_dim=16,
                             grids=tuple(r // 8 for r in resolutions))
     model, enc = Transformer(cfg), SceneCaptionEncoder(16)
-    save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
-         {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, path, recipe="test",
-         tokenizer=str(tok_path), tokenizer_sha256=tokenizer_digest(tok_path), resolution=resolution,
-         sample=TINY_SAMPLE, resolutions=list(resolutions) or [resolution])
+    save_ar(model, enc, path, recipe="test",
+            tokenizer=str(tok_path), tokenizer_sha256=tokenizer_digest(tok_path), resolution=resolution,
+            sample=TINY_SAMPLE, resolutions=list(resolutions) or [resolution])
 
 
-def _tiny_sampler(path, model, kind, stage):
-    config = {"kind": kind, "r": 2, "width": 16, "depth": 1, "stage": stage}
-    save(model, "sampler", config, path, recipe="test")
+def _tiny_sampler(path, model, stage):
+    save(model, "sampler", path, recipe="test", stage=stage)
 
 
 @pytest.fixture(scope="session")
@@ -107,8 +105,8 @@ def tiny_zoo(tmp_path_factory):
     _tiny_ar(root / "ar64", tok_path, 64)
     _tiny_ar(root / "small", tok_path, 128, dim=16)
     _tiny_ar(root / "multi", tok_path, 128, resolutions=(64, 128))
-    _tiny_sampler(root / "up", LatentUpsampler(tok.codebook(), 2, 16, 1, head="latent"), "up", "gan")
-    _tiny_sampler(root / "down", LatentDownsampler(tok.codebook(), 2, 16, 1), "down", "token_ce")
+    _tiny_sampler(root / "up", LatentUpsampler(tok.codebook(), 2, 16, 1, head="latent"), "gan")
+    _tiny_sampler(root / "down", LatentDownsampler(tok.codebook(), 2, 16, 1), "token_ce")
     other_path, other = _tiny_tokenizer(root / "other_tok", 1)
-    _tiny_sampler(root / "up_other", LatentUpsampler(other.codebook(), 2, 16, 1, head="latent"), "up", "gan")
+    _tiny_sampler(root / "up_other", LatentUpsampler(other.codebook(), 2, 16, 1, head="latent"), "gan")
     return root

@@ -223,7 +223,7 @@ def tiny_tokenizer(tmp_path_factory):
 
     torch.manual_seed(0)
     m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
-    return save(m, "vq_tokenizer", m.config.to_dict(), tmp_path_factory.mktemp("tok") / "tok", recipe="test")
+    return save(m, "vq_tokenizer", tmp_path_factory.mktemp("tok") / "tok", recipe="test")
 
 
 @pytest.mark.slow
@@ -246,15 +246,14 @@ def test_zoo_ar_recipes_run_two_batches(experiment, tmp_path, tmp_path_factory, 
 
 
 def _export_ar(tmp, tokenizer, resolution=32):
-    from mulosd.zoo import save, tokenizer_digest
+    from mulosd.zoo import save_ar, tokenizer_digest
 
     cfg = TransformerConfig(vocab_size=32, grid=resolution // 8, dim=32, layers=1, heads=2, cond_dim=16)
     torch.manual_seed(0)
     model, enc = Transformer(cfg), SceneCaptionEncoder(16)
-    return save(torch.nn.ModuleDict({"model": model, "encoder": enc}), "ar",
-                {"transformer": cfg.__dict__, "encoder": "synthscenes_slots"}, tmp, recipe="test",
-                tokenizer=str(tokenizer), tokenizer_sha256=tokenizer_digest(tokenizer), resolution=resolution,
-                sample={"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
+    return save_ar(model, enc, tmp, recipe="test",
+                   tokenizer=str(tokenizer), tokenizer_sha256=tokenizer_digest(tokenizer), resolution=resolution,
+                   sample={"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
 
 
 def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
@@ -267,7 +266,7 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert model.cfg.grid == 4 and meta["resolution"] == 32
     check_same_tokenizer(meta, tiny_tokenizer, "ar32")
     other = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32))
-    save(other, "vq_tokenizer", other.config.to_dict(), tmp_path / "other", recipe="test")
+    save(other, "vq_tokenizer", tmp_path / "other", recipe="test")
     with pytest.raises(ValueError, match="trained on tokenizer"):
         check_same_tokenizer(meta, tmp_path / "other", "ar32")
     assert main(["--n", "6", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer), "--fd"]) == 0

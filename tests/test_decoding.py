@@ -10,7 +10,7 @@ from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
 from mulosd.decoding.acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
-from mulosd.decoding.islands import expand, islands, raster_linked_islands
+from mulosd.decoding.islands import IslandSchedule, expand, islands, raster_linked_islands
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer.neighbours import neighbour_table
 
@@ -41,7 +41,7 @@ CAPTIONS = [caption_text(sample_scene(0, i).prompt) for i in range(3)]
 def _mulosd(cfg, captions=CAPTIONS, up=None, **kw):
     verifier, drafter, enc, u, d, nb = MODELS
     return decode_mulosd(ARBackbone(verifier, enc, 2.0), ARBackbone(drafter, enc, 2.0), up or u.up, d.down,
-                         captions, nb, cfg, seed=5, **kw)
+                         captions, nb, cfg, seed=5, rounds=True, **kw)
 
 
 @pytest.mark.parametrize("resample,refresh", [("serial", "round"), ("parallel", "round"), ("serial", "none")])
@@ -129,6 +129,47 @@ def test_islands_are_the_8_connected_components_of_hand_made_masks():
     wrap = np.array([[0, 0, 1], [1, 0, 0], [0, 0, 0]], dtype=bool)
     assert islands(wrap)[1] == 2
     assert [g.tolist() for g in raster_linked_islands(wrap)] == [[2, 3]]
+
+
+def _drain(schedule):
+    """The steps an island schedule takes: per step, the positions it has ready (all marked done at once)."""
+    steps = []
+    while ready := schedule.ready():
+        steps.append(sorted(u for u, _, _ in ready))
+        for _, j, i in ready:
+            schedule.mark(j, i)
+    return steps
+
+
+def test_island_schedules_by_hand():
+    # two islands on a 2 x 6 block starting at raster position 12 (row 2 of a 6-wide grid)
+    redo = torch.tensor([[0, 1, 1, 1, 0, 0],
+                         [0, 1, 1, 0, 0, 1]], dtype=torch.bool).flatten()
+    par = IslandSchedule.of(redo, 12, 6, "parallel", 2)
+    assert par.islands == [[13, 14, 15, 19, 20], [23]] and par.first == 13
+    assert _drain(par) == [[13, 23], [14], [15], [19], [20]]  # raster within an island, islands side by side
+    assert _drain(IslandSchedule.of(redo, 12, 6, "serial", 2)) == [[13], [14], [15], [19], [20], [23]]
+    # ZipAR, window 2: (i+1, j) waits for (i, j + 1) only
+    assert _drain(IslandSchedule.of(redo, 12, 6, "zipar", 2)) == [[13, 23], [14], [15, 19], [20]]
+    z = IslandSchedule.of(redo, 12, 6, "zipar", 2)
+    z.mark(0, 0)
+    assert z.pending(0, 14) and not z.pending(0, 13) and not z.pending(1, 14)
+    assert z.pending_in_row(0, 2) == [14, 15] and z.row_size(0, 3) == 2 and z.first_pending(99) == 14
+    assert IslandSchedule.of(torch.zeros(12, dtype=torch.bool), 0, 6, "parallel", 2).first is None
+
+
+def test_the_trace_counts_differences_and_keeps_rounds_only_when_asked():
+    verifier, drafter, enc, u, d, nb = MODELS
+    v, q = ARBackbone(verifier, enc, 2.0), ARBackbone(drafter, enc, 2.0)
+    cfg = MuLoSDConfig(tau=0.1)
+    _, first = decode_mulosd(v, q, u.up, d.down, CAPTIONS, nb, cfg, seed=5)
+    _, second = decode_mulosd(v, q, u.up, d.down, CAPTIONS, nb, cfg, seed=5, rounds=True)
+    assert first.rounds == [] and len(second.rounds) == 4  # one per low-res row
+    # the backbones' counters keep counting; each trace holds its own run's share
+    assert first.forwards == second.forwards and v.calls == 2 * first.forwards["verifier"]
+    assert first.counts == second.counts and all(type(c) is int for c in first.counts.values())
+    _, ar = decode_ar(v, CAPTIONS, seed=5)
+    assert ar.forwards["verifier"] == ar.steps == 64
 
 
 def test_expansion_never_touches_positions_before_t0():

@@ -122,7 +122,7 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
         cfg = compose_config("infer", base + list(extra))
         m = Pipeline.from_config(cfg, {"mulosd"})
         assert m.drafter.cfg.grid == 8 and m.cfg_scale != 9.0  # one round holds the whole low-res grid
-        return m, m.decode("mulosd", cfg, captions, ids)[1].rounds[0].low_draft.view(2, 8, 8)
+        return m, m.decode("mulosd", cfg, captions, ids, rounds=True)[1].rounds[0].low_draft.view(2, 8, 8)
 
     m, guided = first_draft("draft_cfg_scale=9.0")
     greedy = Warpers(temperature=0)
@@ -147,7 +147,7 @@ def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
     assert m.verifier.cfg.grid == 16 and m.drafter.cfg.grid == 8
     if drafter is None:
         assert m.drafter.head.weight is m.verifier.head.weight and m.drafter_encoder is m.encoder
-    tokens, trace = m.decode("mulosd", cfg, ["two crosses"], torch.arange(1))
+    tokens, trace = m.decode("mulosd", cfg, ["two crosses"], torch.arange(1), rounds=True)
     assert tokens.shape == (1, 16, 16) and trace.rounds
     low, _, meta = load_ar(tiny_zoo / "multi", resolution=64)
     assert low.cfg.grid == 8 and meta["resolution"] == 64

@@ -275,6 +275,7 @@ def test_the_gpu_cost_model_harness_runs_on_tiny_shapes(tmp_path):
 
     m = measure("tiny", "cpu", torch.float32, rates=(1.0, 0.5))
     full, half = m["mulosd"]["1.0"], m["mulosd"]["0.5"]
-    assert full["resampled"] == 0 and full["verifier_forwards"] == 1 + 16  # the prefix, then one per round
+    assert m["tokens"] == 64  # an 8 x 8 verifier grid over a 4 x 4 drafter
+    assert full["resampled"] == 0 and full["verifier_forwards"] == 1 + 4  # the prefix, then one per round
     assert half["resampled"] > 0 and half["verifier_forwards"] > full["verifier_forwards"]
     assert m["ms_ar_step"] > 0 and "| 50% |" in table(m)

@@ -108,7 +108,7 @@ def test_first_point_of_the_loss_sweep_runs(tmp_path, tmp_path_factory):
     from mulosd.zoo import save
 
     tok = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32))
-    save(tok, "vq_tokenizer", tok.config.to_dict(), tmp_path / "tok", recipe="test")
+    save(tok, "vq_tokenizer", tmp_path / "tok", recipe="test")
     first = [o for o in _grid(_load(ROOT / "sweeps" / "losses.yaml"))[0] if not o.startswith("logger.mode=")]
     args = [*first, f"model.tokenizer={tmp_path / 'tok'}", f"hydra.run.dir={tmp_path / 'run'}", "logger=none",
             f"data.synth.dir={tmp_path_factory.getbasetemp() / 'sweep_shards'}", "data.synth.train_shards=1",

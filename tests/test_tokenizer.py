@@ -103,7 +103,7 @@ def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):
     for r in rows.values():
         assert 0 < r["usage"] <= 1 and 1 <= r["perplexity"] <= 32 and 0 <= r["judge"] <= 1
         assert r["judge_original"] >= 0.5 and r["psnr"] > 0
-    save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    save(m, "vq_tokenizer", tmp_path / "tok", recipe="test")
     loaded = load_tokenizer(tmp_path / "tok")
     assert torch.allclose(loaded.codebook(), m.codebook(), atol=1e-3)  # fp16 storage
     assert main(["--tokenizer", str(tmp_path / "nothing")]) == 2
@@ -113,7 +113,7 @@ def test_exported_weights_record_their_sha256_and_a_tampered_file_is_refused(tmp
     from mulosd.zoo import file_sha256, save
 
     m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
-    out = save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    out = save(m, "vq_tokenizer", tmp_path / "tok", recipe="test")
     assert json.loads((out / "config.json").read_text())["sha256"] == file_sha256(out / "model.safetensors")
     load_tokenizer(out)
     data = bytearray((out / "model.safetensors").read_bytes())
@@ -130,7 +130,7 @@ def test_a_damaged_file_without_a_checksum_is_one_line_not_a_traceback(tmp_path,
     from mulosd.zoo import save
 
     m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=32)).eval()
-    out = save(m, "vq_tokenizer", m.config.to_dict(), tmp_path / "tok", recipe="test")
+    out = save(m, "vq_tokenizer", tmp_path / "tok", recipe="test")
     meta = json.loads((out / "config.json").read_text())
     del meta["sha256"]
     if damage == "wrong_shape":

@@ -46,7 +46,8 @@ def decode_all(pipe: Pipeline, strategy: str, cfg: DictConfig, texts: list[str])
     with tqdm(total=len(batches) * units, desc=strategy, unit="step", leave=False) as bar:
         for start in batches:
             chunk = texts[start:start + cfg.batch_size]
-            tokens, trace = pipe.decode(strategy, cfg, chunk, torch.arange(start, start + len(chunk)), progress=bar)
+            tokens, trace = pipe.decode(strategy, cfg, chunk, torch.arange(start, start + len(chunk)), progress=bar,
+                                        rounds=strategy == "mulosd")  # its acceptance maps
             images += pipe.images(tokens)
             traces.append(trace)
     return images, traces

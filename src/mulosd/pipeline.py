@@ -1,7 +1,7 @@
 """A run's models and the one way prompts become images.
 
     pipe = Pipeline.from_config(cfg, {"mulosd", "ar"})     # infer.py's config (conf/infer.yaml)
-    tokens, trace = pipe.decode("mulosd", cfg, captions, image_ids)
+    tokens, trace = pipe.decode("mulosd", cfg, captions, image_ids)   # rounds=True: per-round masks too
     images = pipe.images(tokens)                              # uint8 [H, W, 3] each
 
 `Pipeline.from_config` loads the models the requested strategies need, once, and checks them against one
@@ -148,9 +148,15 @@ class Pipeline:
                           "small": (self.small, self.small_encoder)}[which]
         return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale)
 
-    def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None):
-        """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i]."""
+    def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None,
+               rounds: bool = False):
+        """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i].
+        `rounds`: keep each MuLo-SD round's masks and drafts in the trace (for acceptance maps)."""
         common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
+        if rounds:
+            if strategy != "mulosd":
+                raise ValueError(f"only mulosd records rounds, not {strategy}")
+            common["rounds"] = True
         return STRATEGIES[strategy].decode(self, cfg, captions, common)
 
     def images(self, tokens: torch.Tensor) -> list[np.ndarray]:

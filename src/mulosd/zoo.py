@@ -15,7 +15,7 @@ from safetensors.torch import save as save_bytes
 
 from .atomic import atomic_write_bytes
 from .paths import ROOT, ZOO
-from .tokenizer import VQConfig, VQModel
+from .tokenizer import VQModel
 
 TOKENIZER = "synthscenes_vq_f8"
 
@@ -31,11 +31,24 @@ def git_revision() -> str:
         return "unknown"
 
 
-def save(model: torch.nn.Module, kind: str, config: dict, out_dir: Path, recipe: str, dtype=torch.float16,
-         **extra) -> Path:
+def save(model: torch.nn.Module, kind: str, out_dir: Path, recipe: str, dtype=torch.float16, **extra) -> Path:
+    """Export a model whose class owns its config (`to_config()`, rebuilt by the loaders below) with its recipe
+    and `extra` metadata (tokenizer, sampling defaults, metrics...)."""
+    return _write(model, kind, model.to_config(), out_dir, recipe, dtype, **extra)
+
+
+def save_ar(model: torch.nn.Module, encoder: torch.nn.Module, out_dir: Path, recipe: str, dtype=torch.float16,
+            **extra) -> Path:
+    """An AR transformer and its SynthScenes caption encoder, in one file (keys model.*, encoder.*)."""
+    config = {"transformer": model.to_config(), "encoder": "synthscenes_slots"}
+    return _write(torch.nn.ModuleDict({"model": model, "encoder": encoder}), "ar", config, out_dir, recipe, dtype,
+                  **extra)
+
+
+def _write(module: torch.nn.Module, kind: str, config: dict, out_dir: Path, recipe: str, dtype, **extra) -> Path:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in module.state_dict().items()}
     data = save_bytes(state)
     # weights first, then the config that names their hash: a kill in between leaves a config whose hash
     # refuses the new weights (or no config at all), never a silently mismatched pair
@@ -82,7 +95,7 @@ def load_tokenizer(name_or_path: str | Path = TOKENIZER, device="cpu") -> VQMode
     meta = read_config(path)
     if meta["kind"] != "vq_tokenizer":
         raise ValueError(f"{path} holds a {meta['kind']}, not a vq_tokenizer")
-    model = VQModel(VQConfig(**meta["config"]))
+    model = VQModel.from_config(meta["config"])
     _restore(model, _load_state(path), path)
     return model.eval().requires_grad_(False).to(device)
 
@@ -132,14 +145,14 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
     the tokenizer it was trained on (name and weights digest), its resolution and its sampling defaults.
     A multi-resolution model is returned at `resolution` (default: its own default), and meta["resolution"]
     says which; asking a single-resolution model for another size is an error."""
-    from .ar import Transformer, TransformerConfig
+    from .ar import Transformer
     from .data.synthscenes.encoder import SceneCaptionEncoder
 
     path = resolve(name_or_path)
     meta = read_config(path)
     if meta["kind"] != "ar":
         raise ValueError(f"{path} holds a {meta['kind']}, not an ar model")
-    model = Transformer(TransformerConfig(**meta["config"]["transformer"]))
+    model = Transformer.from_config(meta["config"]["transformer"])
     encoder = SceneCaptionEncoder(model.cfg.cond_dim)
     _restore(torch.nn.ModuleDict({"model": model, "encoder": encoder}), _load_state(path), path)
     model.eval().requires_grad_(False).to(device)
@@ -170,11 +183,10 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Modu
     meta = read_config(path)
     if meta["kind"] != "sampler":
         raise ValueError(f"{path} holds a {meta['kind']}, not a sampler")
-    c = meta["config"]
     state = _load_state(path)
     if "embed.codebook" not in state:
         raise ValueError(f"{path / 'model.safetensors'} holds no embed.codebook: not a sampler's weights")
-    model = build_sampler(c["kind"], c["r"], state["embed.codebook"], c["width"], c["depth"], c["stage"])
+    model = build_sampler(meta["config"], state["embed.codebook"])
     _restore(model, state, path)
     if tokenizer is not None:  # a name, a directory, or a loaded tokenizer (LlamaGen's VQ-16)
         theirs = (tokenizer if isinstance(tokenizer, torch.nn.Module) else load_tokenizer(tokenizer)).codebook()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +164,14 @@ class Transformer(nn.Module):
         self.res_emb = nn.Embedding(len(cfg.grids), cfg.dim) if cfg.grids else None
         self.register_buffer("rope", rope_2d(cfg), persistent=False)
         self.apply(self._init)
+
+    def to_config(self) -> dict:
+        """What an export's config.json records; `from_config` rebuilds the architecture from it."""
+        return asdict(self.cfg)
+
+    @classmethod
+    def from_config(cls, config: dict) -> Transformer:
+        return cls(TransformerConfig(**config))
 
     def at_grid(self, grid: int) -> Transformer:
         """This multi-resolution model at another of its grids: shares every parameter, own positions."""

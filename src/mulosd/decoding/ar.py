@@ -17,8 +17,7 @@ def decode_ar(backbone: ARBackbone, captions: list[str], seed: int = 0, warpers:
     B, g = len(captions), backbone.grid
     warpers = warpers or Warpers()
     ids = torch.arange(B) if image_ids is None else image_ids
-    backbone.calls = backbone.tokens_in = 0
-    trace = Trace("ar").start()
+    trace = Trace("ar").start(verifier=backbone)
     logits = backbone.start(captions)
     tokens = torch.empty(B, g * g, dtype=torch.long, device=logits.device)
     for i in range(g * g):
@@ -28,5 +27,5 @@ def decode_ar(backbone: ARBackbone, captions: list[str], seed: int = 0, warpers:
             logits = backbone(pos, tokens[:, i:i + 1])
         if progress is not None:
             progress.update(1)
-    trace.steps = backbone.calls
-    return tokens.view(B, g, g), trace.stop(verifier=backbone)
+    trace.steps = g * g  # the prefix forward, then one per token but the last
+    return tokens.view(B, g, g), trace.stop()

@@ -1,4 +1,5 @@
-"""Local rejection: expansion of the rejected set, and its split into islands that resample in parallel.
+"""Local rejection: expansion of the rejected set, its split into islands that resample in parallel, and the
+order each island resamples in (`IslandSchedule`).
 
 N(t, l) = {u : |i_u - i_t| <= l, |j_u - j_t| <= l, u >= t0}: each rejected position drags its (2l+1)^2
 neighbourhood along, but never a position before the first rejected one t0 (raster order), which stays
@@ -69,3 +70,63 @@ def raster_linked_islands(mask: np.ndarray) -> list[np.ndarray]:
     for pos in np.flatnonzero(flat):
         groups.setdefault(find(int(flat[pos])), []).append(int(pos))
     return sorted((np.array(g) for g in groups.values()), key=lambda g: g[0])
+
+
+class IslandSchedule:
+    """The order in which one image resamples its islands of R_X.
+
+    Each island is a raster-sorted list of grid positions; position i of an island waits for `blockers[i]`,
+    the indices of the island's earlier positions it needs final first. With `reach` >= the grid width that is
+    every earlier position (raster order within the island); with ZipAR's reach w - 1 a position (i, j) waits
+    only for its own row's earlier positions and earlier rows' up to column j + w - 1. Islands never wait for
+    each other: they resample side by side."""
+
+    def __init__(self, islands: list[list[int]], grid: int, reach: int):
+        self.islands, self.grid = islands, grid
+        def waits(u: int, v: int) -> bool:  # position u waits for the island's earlier position v
+            return v // grid == u // grid or v % grid <= u % grid + reach
+
+        self.blockers = [[[k for k, v in enumerate(island[:i]) if waits(u, v)] for i, u in enumerate(island)]
+                         for island in islands]
+        self.done = [[False] * len(island) for island in islands]
+        self._index = [{p: i for i, p in enumerate(island)} for island in islands]
+
+    @classmethod
+    def of(cls, redo: torch.Tensor, start: int, grid: int, mode: str, window: int) -> IslandSchedule:
+        """The schedule of a block's R_X, redo [n] bool starting at raster position `start`. mode: `parallel`
+        (islands side by side, raster within each), `serial` (all of R_X as one island) or `zipar`."""
+        isl = [[start + int(p) for p in island]
+               for island in raster_linked_islands(redo.view(-1, grid).cpu().numpy())]
+        if mode == "serial" and isl:
+            isl = [sorted(p for island in isl for p in island)]
+        return cls(isl, grid, window - 1 if mode == "zipar" else grid)
+
+    @property
+    def first(self) -> int | None:
+        """t0, the first position of R_X (None when nothing is to be resampled)."""
+        return self.islands[0][0] if self.islands else None
+
+    def ready(self) -> list[tuple[int, int, int]]:
+        """(position, island, index) of every position not done whose blockers all are."""
+        return [(island[i], j, i) for j, island in enumerate(self.islands) for i in range(len(island))
+                if not self.done[j][i] and all(self.done[j][k] for k in self.blockers[j][i])]
+
+    def mark(self, j: int, i: int) -> None:
+        self.done[j][i] = True
+
+    def pending(self, j: int, p: int) -> bool:
+        """Whether position p belongs to island j and is still to be resampled."""
+        i = self._index[j].get(p)
+        return i is not None and not self.done[j][i]
+
+    def first_pending(self, default: int) -> int:
+        """The earliest position of any island still to be resampled (`default` when none is)."""
+        return min((p for island, flags in zip(self.islands, self.done, strict=True)
+                    for p, f in zip(island, flags, strict=True) if not f), default=default)
+
+    def pending_in_row(self, j: int, row: int) -> list[int]:
+        """Island j's positions in grid row `row` still to be resampled, in raster order."""
+        return [p for p, f in zip(self.islands[j], self.done[j], strict=True) if p // self.grid == row and not f]
+
+    def row_size(self, j: int, row: int) -> int:
+        return sum(p // self.grid == row for p in self.islands[j])

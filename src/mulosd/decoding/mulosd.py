@@ -46,7 +46,7 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import outside_pool, pooled_accept, pooled_mass, sampled_accept
-from .islands import expand, first_rejected, raster_linked_islands
+from .islands import IslandSchedule, expand, first_rejected
 from .knobs import check, one_of
 from .trace import Round, Trace
 from .zipar import zipar_rows
@@ -96,123 +96,224 @@ class MuLoSDConfig:
         check(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
 
 
-def _sample_draft(logits, warpers, seed, ids, pos, q_pool=None):
-    """The drafter's own draw: Gumbel-max on its own noise stream (independent of the verifier's).
-    `q_pool` = (mass [B, g*g], neighbours, k): record the drafter's pooled mass of each drawn token there."""
-    logq = warp(logits, warpers)
-    x = sample(logq, seed, ids, pos, stream=DRAFT)
-    if q_pool is not None:
-        mass, neighbours, k = q_pool
-        mass.scatter_(1, pos, pooled_mass(logq, x, neighbours, k).to(mass.dtype))
-    return x
+@dataclass(frozen=True)
+class Pool:
+    """B_k(x): a code x and its k nearest codes (rows of the tokenizer's neighbour table [V, >= k])."""
+
+    neighbours: torch.Tensor
+    k: int
+
+    def mass(self, logp: torch.Tensor, x: torch.Tensor, delta: float | None = None) -> torch.Tensor:
+        return pooled_mass(logp, x, self.neighbours, self.k, delta)
+
+
+@dataclass(frozen=True)
+class Block:
+    """Round k's rows: low-res raster positions [lo0, lo1), and the high-res ones [hi0, hi1) they up-sample to."""
+
+    k: int
+    lo0: int
+    lo1: int
+    hi0: int
+    hi1: int
+
+    @property
+    def size(self) -> int:
+        return self.hi1 - self.hi0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of a block's draft, each [B, n] bool over the block's high-res positions."""
+
+    accepted: torch.Tensor  # passed the acceptance test
+    redo: torch.Tensor  # R_X: the rejected ones grown by the radius, never before t0; all of it is resampled
+    stale: torch.Tensor  # accepted after t0: their K/V were computed with rejected drafts in context
+
+    @property
+    def rejected(self) -> torch.Tensor:
+        return ~self.accepted
+
+
+@dataclass(frozen=True)
+class Redraw:
+    """Where a sampled acceptance redraws: a rejected position outside its draft's pool (positions only grown
+    into R_X draw from p)."""
+
+    rejected: torch.Tensor  # [B, n] over the block starting at raster position `start`
+    draft: torch.Tensor  # [B, n]
+    pool: Pool
+    start: int
+
+    def restrict(self, logp: torch.Tensor, b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """logp [m, V] of images b [m] at positions u [m], with B_k(draft) removed where u was rejected."""
+        i = u - self.start
+        hit = self.rejected[b, i]
+        logp[hit] = outside_pool(logp[hit], self.draft[b[hit], i[hit]], self.pool.neighbours, self.pool.k)
+        return logp
+
+
+TALLIES = ("drafted", "accepted", "resampled", "stale_kv", "refreshed", "up_calls", "down_calls", "provisional_kv")
 
 
 @torch.no_grad()
 def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down: Callable, captions: list[str],
                   neighbours: torch.Tensor, cfg: MuLoSDConfig = MuLoSDConfig(), seed: int = 0,
                   warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
-                  progress=None, accept: Callable | None = None) -> tuple[torch.Tensor, Trace]:
+                  progress=None, accept: Callable | None = None, rounds: bool = False) -> tuple[torch.Tensor, Trace]:
     """-> high-res tokens [B, G, G] and the trace. `up(tokens_low [B,h,w]) -> [B,rh,rw]`, `down` the reverse.
     `accept(logp [B,n,V], draft [B,n]) -> bool [B,n]` replaces pooled acceptance (the GPU cost model forces
-    acceptance rates with it)."""
-    warpers = warpers or Warpers()
-    # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the verifier
-    # samples (what that buys and costs: docs/results.md)
-    draft_warpers = warpers if cfg.draft_temperature is None else replace(warpers, temperature=cfg.draft_temperature)
-    B, G, g = len(captions), verifier.grid, drafter.grid
-    if G % g:
-        raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
-    r, d = G // g, cfg.draft_rows
-    if g % d:
-        raise ValueError(f"draft_rows={d} must divide the drafter's {g} rows")
-    device = verifier.device
-    ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
-    for bb in (verifier, drafter):
-        bb.calls = bb.tokens_in = 0
-    trace = Trace("mulosd").start()
-    trace.counts = {"drafted": 0, "accepted": 0, "resampled": 0, "stale_kv": 0, "refreshed": 0, "up_calls": 0,
-                    "down_calls": 0, "provisional_kv": 0}
-    low = torch.zeros(B, g * g, dtype=torch.long, device=device)
-    q_pool = (torch.ones(B, g * g, device=device), neighbours, cfg.pool_k) if cfg.acceptance == "ratio" else None
-    # each high-res position's parent on the low-res grid (U_r maps a low-res token to an r x r patch)
-    parent = torch.arange(G * G, device=device)
-    parent = (parent // G // r) * g + (parent % G) // r
-    high = torch.zeros(B, G * G, dtype=torch.long, device=device)
-    lq = drafter.start(captions)
-    lp = verifier.start(captions)
-    steps = 1  # the two prefix forwards are independent: one step on the critical path
-    unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache yet
-    block_lo, block_hi = d * g, r * d * G
-    for k in range(g // d):
-        lo0, lo1 = k * block_lo, (k + 1) * block_lo
-        hi0, hi1 = k * block_hi, (k + 1) * block_hi
-        # 1. draft the low-res block (first writing the previous block's down-sampled tokens)
-        if k > 0:
-            prev = torch.arange(lo0 - block_lo, lo0, device=device).expand(B, -1)
-            lq = drafter(prev, low.gather(1, prev))[:, -1:]
-            steps += 1
-        window = g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
-        steps += zipar_rows(drafter, low, k * d, d, window, lq,
-                            lambda logits, pos: _sample_draft(logits, draft_warpers, seed, ids, pos, q_pool),
-                            trace.counts)
-        # 2. up-sample the low-res prefix; U_r is row-causal, so only this block's rows are new
-        draft = up(low[:, :lo1].view(B, lo1 // g, g)).reshape(B, -1)[:, hi0:hi1]
-        trace.counts["up_calls"] += 1
-        # 3. verify the block in one forward; it also rewrites the committed previous block (stale-KV refresh),
-        # or with kv_refresh=none only what the previous round sampled last and never wrote
-        if k == 0:
-            committed = torch.empty(B, 0, dtype=torch.long, device=device)
-        elif cfg.kv_refresh == "none":  # the block's last position too: its output is the new block's first
-            committed = torch.cat([_padded(unwritten, hi0 - 1, device), torch.full((B, 1), hi0 - 1, device=device)], 1)
-        else:
-            committed = torch.arange(hi0 - block_hi, hi0, device=device).expand(B, -1)
-            trace.counts["refreshed"] += B * block_hi
-        positions = torch.cat([committed, torch.arange(hi0, hi1 - 1, device=device).expand(B, -1)], dim=1)
-        out = verifier(positions, torch.cat([high.gather(1, committed), draft[:, :-1]], dim=1))
-        logits = out[:, -block_hi:] if k > 0 else torch.cat([lp, out], dim=1)
-        steps += 1
-        logp = warp(logits, warpers)
-        # 4-5. pooled acceptance, local rejection with expansion
-        sampled = cfg.acceptance in ("sampled", "ratio") and accept is None
-        if accept is not None:
-            accepted = accept(logp, draft)
-        elif sampled:
-            u = uniform(seed, ids, torch.arange(hi0, hi1, device=device).expand(B, -1), ACCEPT)
-            q = None if q_pool is None else q_pool[0][:, parent[hi0:hi1]]
-            accepted = sampled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, u, cfg.delta, q)
-        else:
-            accepted = pooled_accept(logp, draft, neighbours, cfg.pool_k, cfg.tau, cfg.delta, cfg.relative)
-        rejected = ~accepted
-        rows = r * d
-        redo = expand(rejected.view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
-        high[:, hi0:hi1] = draft
-        drafted_low, drafted_high = low.cpu().clone(), high.cpu().clone()
-        if not cfg.keep_rejected:
-            verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
-        t0 = first_rejected(redo.view(B, rows, G))
-        stale = ~redo & (torch.arange(rows * G, device=device)[None] > t0[:, None])  # accepted after t0
-        trace.counts["stale_kv"] += int(stale.sum())
-        # 6. islands, resampled concurrently (or one after another)
-        # a sampled rejection is redrawn outside the draft's pool; positions only grown into R_X draw from p
-        n_steps, unwritten = _resample(verifier, high, redo, hi0, logp, warpers, seed, ids, cfg.resample,
-                                       cfg.resample_window, stale if cfg.kv_refresh == "eager" else None,
-                                       trace.counts, (rejected, draft, neighbours, cfg.pool_k) if sampled else None)
-        steps += n_steps
-        n_drafted = B * rows * G
-        trace.counts["drafted"] += n_drafted
-        trace.counts["accepted"] += int((~redo).sum())
-        trace.counts["resampled"] += int(redo.sum())
-        trace.rounds.append(Round(*(_on_grid(m, hi0, G * G).cpu() for m in
-                                    (torch.ones_like(redo), accepted & ~redo, rejected, redo)),
-                                  low_draft=drafted_low, high_draft=drafted_high))
-        # 7. down-sample the committed rows for the drafter's next round
-        if k + 1 < g // d:
-            low[:, lo0:lo1] = down(high[:, :hi1].view(B, hi1 // G, G)).reshape(B, -1)[:, lo0:lo1]
-            trace.counts["down_calls"] += 1
+    acceptance rates with it). `rounds`: keep every round's masks and drafts in the trace (for pictures)."""
+    run = _MuLoSD(verifier, drafter, up, down, len(captions), Pool(neighbours, cfg.pool_k), cfg, seed,
+                  warpers or Warpers(), image_ids, accept)
+    run.trace = trace = Trace("mulosd", keep_rounds=rounds).start(*TALLIES, verifier=verifier, drafter=drafter)
+    run.begin(captions)
+    for block in run.blocks():
+        run.draft(block)  # 1
+        draft = run.upsample(block)  # 2
+        logp = run.verify(block, draft)  # 3
+        verdict = run.judge(block, draft, logp)  # 4-5
+        run.resample(block, draft, logp, verdict)  # 6
+        run.commit(block)  # 7
         if progress is not None:
             progress.update(1)
-    trace.steps = steps
-    return high.view(B, G, G), trace.stop(verifier=verifier, drafter=drafter)
+    trace.steps = run.steps
+    return run.high.view(run.B, run.G, run.G), trace.stop()
+
+
+class _MuLoSD:
+    """One MuLo-SD run: the two grids being decoded and the caches' bookkeeping; a method per step of a round."""
+
+    trace: Trace
+
+    def __init__(self, verifier: ARBackbone, drafter: ARBackbone, up: Callable, down: Callable, B: int, pool: Pool,
+                 cfg: MuLoSDConfig, seed: int, warpers: Warpers, image_ids: torch.Tensor | None,
+                 accept: Callable | None):
+        G, g = verifier.grid, drafter.grid
+        if G % g:
+            raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
+        if g % cfg.draft_rows:
+            raise ValueError(f"draft_rows={cfg.draft_rows} must divide the drafter's {g} rows")
+        self.verifier, self.drafter, self.up, self.down, self.pool, self.cfg = verifier, drafter, up, down, pool, cfg
+        self.B, self.G, self.g, self.r = B, G, g, G // g
+        self.seed, self.warpers, self.accept = seed, warpers, accept
+        # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the
+        # verifier samples (what that buys and costs: docs/results.md)
+        t = cfg.draft_temperature
+        self.draft_warpers = warpers if t is None else replace(warpers, temperature=t)
+        self.sampled = cfg.acceptance in ("sampled", "ratio") and accept is None  # a draw, not a threshold
+        device = self.device = verifier.device
+        self.ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
+        self.low = torch.zeros(B, g * g, dtype=torch.long, device=device)
+        self.high = torch.zeros(B, G * G, dtype=torch.long, device=device)
+        # acceptance=ratio: the drafter's pooled mass of each low-res token it drew
+        self.q_mass = torch.ones(B, g * g, device=device) if cfg.acceptance == "ratio" else None
+        # each high-res position's parent on the low-res grid (U_r maps a low-res token to an r x r patch)
+        parent = torch.arange(G * G, device=device)
+        self.parent = (parent // G // self.r) * g + (parent % G) // self.r
+        self.unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache
+        self.steps = 0
+        self.drafted: tuple[torch.Tensor, torch.Tensor] | None = None  # (low, high) grids as drafted, for Round
+
+    def blocks(self):
+        d, g, G, r = self.cfg.draft_rows, self.g, self.G, self.r
+        for k in range(g // d):
+            yield Block(k, k * d * g, (k + 1) * d * g, k * r * d * G, (k + 1) * r * d * G)
+
+    def begin(self, captions: list[str]) -> None:
+        self.next_low = self.drafter.start(captions)  # the drafter's logits for the next low-res position
+        self.first_high = self.verifier.start(captions)  # the verifier's for position 0
+        self.steps = 1  # the two prefix forwards are independent: one step on the critical path
+
+    def draft(self, block: Block) -> None:
+        """1. The drafter drafts the block's low-res rows, after writing the previous block's down-sampled
+        committed tokens into its cache in one forward."""
+        cfg = self.cfg
+        if block.k > 0:
+            prev = torch.arange(2 * block.lo0 - block.lo1, block.lo0, device=self.device).expand(self.B, -1)
+            self.next_low = self.drafter(prev, self.low.gather(1, prev))[:, -1:]
+            self.steps += 1
+        window = self.g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
+
+        def draw(logits, pos):  # the drafter's own draw, on its own noise stream
+            logq = warp(logits, self.draft_warpers)
+            x = sample(logq, self.seed, self.ids, pos, stream=DRAFT)
+            if self.q_mass is not None:
+                self.q_mass.scatter_(1, pos, self.pool.mass(logq, x).to(self.q_mass.dtype))
+            return x
+
+        self.steps += zipar_rows(self.drafter, self.low, block.k * cfg.draft_rows, cfg.draft_rows, window,
+                                 self.next_low, draw, self.trace)
+
+    def upsample(self, block: Block) -> torch.Tensor:
+        """2. U_r up-samples the low-res prefix; it is row-causal, so only this block's rows are new."""
+        B, g = self.B, self.g
+        self.trace.count("up_calls", 1)
+        return self.up(self.low[:, :block.lo1].view(B, block.lo1 // g, g)).reshape(B, -1)[:, block.hi0:block.hi1]
+
+    def verify(self, block: Block, draft: torch.Tensor) -> torch.Tensor:
+        """3. The verifier checks the draft in one forward -> its warped log-probabilities [B, n, V] at the
+        block's positions. The forward also rewrites the committed previous block (stale-KV refresh), or with
+        kv_refresh=none only what the previous round sampled last and never wrote."""
+        B, device, hi0, n = self.B, self.device, block.hi0, block.size
+        if block.k == 0:
+            committed = torch.empty(B, 0, dtype=torch.long, device=device)
+        elif self.cfg.kv_refresh == "none":  # the block's last position too: its output is the new block's first
+            committed = torch.cat([_padded(self.unwritten, hi0 - 1, device),
+                                   torch.full((B, 1), hi0 - 1, device=device)], 1)
+        else:
+            committed = torch.arange(hi0 - n, hi0, device=device).expand(B, -1)
+            self.trace.count("refreshed", B * n)
+        positions = torch.cat([committed, torch.arange(hi0, block.hi1 - 1, device=device).expand(B, -1)], dim=1)
+        out = self.verifier(positions, torch.cat([self.high.gather(1, committed), draft[:, :-1]], dim=1))
+        self.steps += 1
+        self.high[:, hi0:block.hi1] = draft
+        if self.trace.keep_rounds:
+            self.drafted = self.low.cpu().clone(), self.high.cpu().clone()
+        return warp(out[:, -n:] if block.k > 0 else torch.cat([self.first_high, out], dim=1), self.warpers)
+
+    def judge(self, block: Block, draft: torch.Tensor, logp: torch.Tensor) -> Verdict:
+        """4-5. Pooled acceptance, then local rejection: the rejected positions grown by the radius from t0 on."""
+        cfg, pool, B, G = self.cfg, self.pool, self.B, self.G
+        if self.accept is not None:
+            accepted = self.accept(logp, draft)
+        elif self.sampled:
+            positions = torch.arange(block.hi0, block.hi1, device=self.device).expand(B, -1)
+            u = uniform(self.seed, self.ids, positions, ACCEPT)
+            q = None if self.q_mass is None else self.q_mass[:, self.parent[block.hi0:block.hi1]]
+            accepted = sampled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, u, cfg.delta, q)
+        else:
+            accepted = pooled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, cfg.delta, cfg.relative)
+        rows = block.size // G
+        redo = expand((~accepted).view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
+        t0 = first_rejected(redo.view(B, rows, G))
+        stale = ~redo & (torch.arange(block.size, device=self.device)[None] > t0[:, None])
+        return Verdict(accepted, redo, stale)
+
+    def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, verdict: Verdict) -> None:
+        """6. R_X splits into islands, resampled concurrently by the verifier (or one after another)."""
+        cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, verdict.redo
+        if not cfg.keep_rejected:
+            self.verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
+        trace.count("stale_kv", verdict.stale.sum())
+        schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
+        self.steps += _resample(self.verifier, self.high, schedules, block, logp, self,
+                                verdict.stale if cfg.kv_refresh == "eager" else None,
+                                Redraw(verdict.rejected, draft, self.pool, hi0) if self.sampled else None)
+        trace.count("drafted", self.B * block.size)
+        trace.count("accepted", (~redo).sum())
+        trace.count("resampled", redo.sum())
+        trace.round(lambda: Round(*(_on_grid(m, hi0, G * G).cpu() for m in
+                                    (torch.ones_like(redo), verdict.accepted & ~redo, verdict.rejected, redo)),
+                                  low_draft=self.drafted[0], high_draft=self.drafted[1]))
+
+    def commit(self, block: Block) -> None:
+        """7. D_r down-samples the committed rows for the drafter's next round."""
+        if block.k + 1 < self.g // self.cfg.draft_rows:
+            B, G = self.B, self.G
+            self.low[:, block.lo0:block.lo1] = self.down(
+                self.high[:, :block.hi1].view(B, block.hi1 // G, G)).reshape(B, -1)[:, block.lo0:block.lo1]
+            self.trace.count("down_calls", 1)
 
 
 def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
@@ -222,75 +323,57 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
     return out
 
 
-def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0: int, logp: torch.Tensor,
-              warpers: Warpers, seed: int, ids: torch.Tensor, mode: str, window: int,
-              refresh: torch.Tensor | None, counts: dict, outside=None) -> tuple[int, list[list[int]]]:
-    """Resample every position of R_X (redo [B, n], the block starting at hi0) in place in `high`; returns the
-    number of sequential verifier forwards and, per image, the positions sampled but not yet written (the last
-    step's samples: the next verification forward writes them). `refresh` [B, n]: the accepted positions after
-    t0 to rewrite once their context is final (kv_refresh=eager), or None.
+def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSchedule], block: Block,
+              logp: torch.Tensor, run: _MuLoSD, refresh: torch.Tensor | None, redraw: Redraw | None) -> int:
+    """Resample every island position of `schedules` (one per image) in place in `high`; returns the number of
+    sequential verifier forwards, and leaves in `run.unwritten`, per image, the positions sampled but not yet
+    written (the last step's samples: the next verification forward writes them). `refresh` [B, n]: the
+    accepted positions after t0 to rewrite once their context is final (kv_refresh=eager), or None.
 
-    Each step queries, per island, every position u that is ready: one forward writes u's predecessor (whose
-    output is u's distribution) and the tokens sampled in the previous step. `parallel`: an island's
-    positions go one per step in raster order (islands side by side); `serial`: all of R_X as one island;
-    `zipar`: an island's rows advance together, u = (i, j) waiting only for the island's earlier positions in
-    row i and those of earlier rows up to column j + window - 1 (ZipAR's rule, decode_zipar's window: what it
-    does not wait for is a hole in its context). A row start whose predecessor, the previous row's end, is
-    still to be resampled is queried through a provisional slot, as decode_zipar does: the previous row's
-    latest final token written there, rewritten with the real one once sampled (counted as `provisional_kv`).
-    The first position of R_X, t0, needs no query: its context is committed and unchanged, so the
-    verification forward's distribution is exact. An image with nothing to do in a step rewrites a position
-    whose context is final (a no-op), so an image decodes the same alone and in a batch."""
-    B, n = redo.shape
-    G = verifier.grid
-    reach = window - 1 if mode == "zipar" else G  # a full-row reach waits for every earlier position: raster
-    schedules = []  # per image: per island, (positions, blockers: for each position the indices it waits for)
-    for b in range(B):
-        isl = [[hi0 + int(p) for p in island]
-               for island in raster_linked_islands(redo[b].view(n // G, G).cpu().numpy())]
-        if mode == "serial" and isl:
-            isl = [sorted(p for island in isl for p in island)]
-        schedules.append([(island, [[k for k, v in enumerate(island[:i]) if v // G == u // G or v % G <= u % G + reach]
-                                    for i, u in enumerate(island)]) for island in isl])
-    done = [[[False] * len(island) for island, _ in sched] for sched in schedules]
+    Each step queries every position u the schedules have ready: one forward writes u's predecessor (whose
+    output is u's distribution) and the tokens sampled in the previous step. A row start whose predecessor,
+    the previous row's end, is still to be resampled (ZipAR within islands) is queried through a provisional
+    slot, as decode_zipar does: the previous row's latest final token written there, rewritten with the real
+    one once sampled (counted as `provisional_kv`). The first position of R_X, t0, needs no query: its context
+    is committed and unchanged, so the verification forward's distribution is exact. An image with nothing to
+    do in a step rewrites a position whose context is final (a no-op), so an image decodes the same alone and
+    in a batch."""
+    B, G, hi0 = len(schedules), verifier.grid, block.hi0
     unwritten: list[set[int]] = [set() for _ in range(B)]
     # t0 first, straight from the verification forward (islands are sorted by start)
-    firsts = [(b, sched[0][0][0]) for b, sched in enumerate(schedules) if sched]
-    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], seed, ids, hi0, outside)
+    firsts = [(b, s.first) for b, s in enumerate(schedules) if s.first is not None]
+    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], run, redraw)
     for b, t0 in firsts:
         unwritten[b].add(t0)
-        done[b][0][0] = True
+        schedules[b].mark(0, 0)
     # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
     # in the first forward after every position before it is final (no extra forward: the ones that become
     # final only with the round's last samples are rewritten by the next round's verification forward)
-    stale = [[] if refresh is None else (hi0 + torch.nonzero(refresh[b]).flatten()).tolist() for b in range(B)]
+    stale = [[] if refresh is None else (hi0 + torch.nonzero(refresh[b])).flatten().tolist() for b in range(B)]
     steps = 0
     while True:
         writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
-        for b in range(B):
+        for b, schedule in enumerate(schedules):
             w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
             if stale[b]:
-                undone = min((p for (island, _), flags in zip(schedules[b], done[b], strict=True)
-                              for p, f in zip(island, flags, strict=True) if not f), default=n + hi0)
+                undone = schedule.first_pending(block.hi1)
                 final = [p for p in stale[b] if p < undone]
                 w |= {p: int(high[b, p]) for p in final}
-                counts["refreshed"] += len(final)
+                run.trace.count("refreshed", len(final))
                 stale[b] = stale[b][len(final):]
-            t = [(island[i], j, i) for j, (island, blockers) in enumerate(schedules[b]) for i in range(len(island))
-                 if not done[b][j][i] and all(done[b][j][k] for k in blockers[i])]
-            for u, j, _ in t:
-                island, flags = schedules[b][j][0], done[b][j]
-                if u - 1 in island and not flags[island.index(u - 1)]:  # a row start ahead of its predecessor
-                    row = [p for p, f in zip(island, flags, strict=True) if p // G == (u - 1) // G and not f]
-                    latest = row[0] - 1  # the previous row's last final token
+            ready = schedule.ready()
+            for u, j, _ in ready:
+                if schedule.pending(j, u - 1):  # a row start ahead of its predecessor: a provisional slot
+                    latest = schedule.pending_in_row(j, (u - 1) // G)[0] - 1  # the previous row's last final token
                     w[u - 1] = int(high[b, latest])
-                    counts["provisional_kv"] += sum(p // G == u // G for p in island) - 1  # the row's others
+                    run.trace.count("provisional_kv", schedule.row_size(j, u // G) - 1)  # the row's others
                 else:
                     w.setdefault(u - 1, int(high[b, u - 1]))
             writes.append(list(w.items()))
-            targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in t])
+            targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in ready])
         if not any(targets):
-            return steps, [sorted(w) for w in unwritten]
+            run.unwritten = [sorted(w) for w in unwritten]
+            return steps
         width = max(len(w) for w in writes)
         pos = torch.empty(B, width, dtype=torch.long, device=high.device)
         tok = torch.empty_like(pos)
@@ -300,14 +383,14 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, redo: torch.Tensor, hi0:
             w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
             w = w + [w[-1]] * (width - len(w))
             pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
-        out = warp(verifier(pos, tok), warpers)
+        out = warp(verifier(pos, tok), run.warpers)
         steps += 1
-        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], seed, ids, hi0, outside)
-        for b in range(B):
+        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], run, redraw)
+        for b, schedule in enumerate(schedules):
             unwritten[b].difference_update(p for p, _ in writes[b])
             for u, j, i, _ in targets[b]:
                 unwritten[b].add(u)
-                done[b][j][i] = True
+                schedule.mark(j, i)
 
 
 def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
@@ -318,18 +401,14 @@ def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
                         device=device).view(len(rows), width)
 
 
-def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], seed: int,
-               ids: torch.Tensor, hi0: int, outside=None) -> None:
+def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], run: _MuLoSD,
+               redraw: Redraw | None) -> None:
     """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
-    keyed by (image, u), so the tokens are those of one draw per position. `outside` = (rejected [B, n] and
-    draft [B, n] of the block starting at hi0, neighbours, k): a sampled rejection is drawn outside B_k(draft)."""
+    keyed by (image, u), so the tokens are those of one draw per position."""
     if not picks:
         return
     b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
     lp = logp[b, k]
-    if outside is not None:
-        rejected, draft, neighbours, k_pool = outside
-        i = u - hi0
-        hit = rejected[b, i]
-        lp[hit] = outside_pool(lp[hit], draft[b[hit], i[hit]], neighbours, k_pool)
-    high[b, u] = sample(lp[:, None], seed, ids[b], u[:, None])[:, 0]
+    if redraw is not None:
+        lp = redraw.restrict(lp, b, u)
+    high[b, u] = sample(lp[:, None], run.seed, run.ids[b], u[:, None])[:, 0]

@@ -1,9 +1,17 @@
 """What a decoding run did: forward passes per model, sequential steps on the critical path, wall-clock,
-and per round the masks of drafted / accepted / rejected / resampled grid positions."""
+strategy-specific tallies, and (only when asked) per round the masks of drafted / accepted / rejected /
+resampled grid positions.
+
+The trace is the decoders' one recorder. It reads the backbones' own counters as differences between
+`start` and `stop` (a decoder never resets or writes them), keeps tallies as they come (a tensor stays a
+tensor until `stop`, so counting costs no device sync inside the timed loop), and copies a round's masks
+to the CPU only when `keep_rounds` is set (pictures and tests ask; the bench does not).
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -31,18 +39,33 @@ class Trace:
     wall_s: float = 0.0
     rounds: list[Round] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # strategy-specific tallies (accepted, stale_kv, ...)
+    keep_rounds: bool = False  # record per-round masks in `rounds`
     _t0: float = field(default=0.0, repr=False)
+    _backbones: dict = field(default_factory=dict, repr=False)  # name -> (backbone, calls, tokens_in) at start
 
-    def start(self) -> Trace:
+    def start(self, *tallies: str, **backbones) -> Trace:
+        """Start the clock; `tallies` start at 0 in this order; `backbones` (name=ARBackbone) are counted."""
+        self.counts = dict.fromkeys(tallies, 0)
+        self._backbones = {name: (bb, bb.calls, bb.tokens_in) for name, bb in backbones.items()}
         self._t0 = time.perf_counter()
         return self
 
-    def stop(self, **backbones) -> Trace:
+    def count(self, name: str, n) -> None:
+        """Add n (an int or a scalar tensor) to a tally."""
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def round(self, snapshot: Callable[[], Round]) -> None:
+        """Record a round; `snapshot` builds it (device -> CPU copies) and runs only when rounds are kept."""
+        if self.keep_rounds:
+            self.rounds.append(snapshot())
+
+    def stop(self) -> Trace:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.wall_s = time.perf_counter() - self._t0
-        for name, bb in backbones.items():
-            self.forwards[name], self.tokens_in[name] = bb.calls, bb.tokens_in
+        for name, (bb, calls, tokens_in) in self._backbones.items():
+            self.forwards[name], self.tokens_in[name] = bb.calls - calls, bb.tokens_in - tokens_in
+        self.counts = {k: int(v) for k, v in self.counts.items()}
         return self
 
     def summary(self) -> str:

@@ -37,25 +37,23 @@ def decode_zipar(backbone: ARBackbone, captions: list[str], window: int = 4, see
     B = len(captions)
     device = backbone.device
     ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
-    backbone.calls = backbone.tokens_in = 0
-    trace = Trace(f"zipar{window}").start()
-    trace.counts = {"provisional_kv": 0}
+    trace = Trace(f"zipar{window}").start("provisional_kv", verifier=backbone)
     tokens = torch.zeros(B, W * W, dtype=torch.long, device=device)
     first = backbone.start(captions)
 
     def draw(logits, pos):
         return sample(warp(logits, warpers), seed, ids, pos)
 
-    trace.steps = 1 + zipar_rows(backbone, tokens, 0, W, window, first, draw, trace.counts, progress)
-    return tokens.view(B, W, W), trace.stop(verifier=backbone)
+    trace.steps = 1 + zipar_rows(backbone, tokens, 0, W, window, first, draw, trace, progress)
+    return tokens.view(B, W, W), trace.stop()
 
 
 def zipar_rows(backbone: ARBackbone, tokens: torch.Tensor, row0: int, rows: int, window: int,
-               first: torch.Tensor, draw, counts: dict, progress=None) -> int:
+               first: torch.Tensor, draw, trace: Trace, progress=None) -> int:
     """Decode rows [row0, row0 + rows) of the raster grid `tokens` [B, W*W] in place, ZipAR-style; `first`
     [B, 1, V] are the logits for the first position of row0 (from the caller's last forward), and
-    `draw(logits [B,1,V], positions [B,1]) -> tokens [B,1]` samples. With window = W it is plain serial
-    decoding. Returns the number of forwards (each one sequential step)."""
+    `draw(logits [B,1,V], positions [B,1]) -> tokens [B,1]` samples; provisional slots are tallied in `trace`.
+    With window = W it is plain serial decoding. Returns the number of forwards (each one sequential step)."""
     W = backbone.grid
     B, device = tokens.shape[0], tokens.device
     steps, pending = 0, []  # pending: last positions of finished rows, to be written for real
@@ -72,7 +70,7 @@ def zipar_rows(backbone: ARBackbone, tokens: torch.Tensor, row0: int, rows: int,
                 latest = (r - 1) * W + window - 1  # decoded in the previous step
                 writes.append((u - 1, latest))
                 if latest != u - 1:  # the row's other tokens will attend to a provisional slot
-                    counts["provisional_kv"] = counts.get("provisional_kv", 0) + W - 1
+                    trace.count("provisional_kv", W - 1)
             else:
                 writes.append((u - 1, u - 1))
             queries.append((u, len(writes) - 1))

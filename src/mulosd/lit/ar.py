@@ -196,17 +196,15 @@ class ARModule(L.LightningModule):
                                val_batches=int(self.train_cfg["val_batches"]), cache_dir=cfg.data.token_cache)
 
     def export(self, out_dir, recipe: str):
-        from ..zoo import save, tokenizer_digest, tokenizer_identity
+        from ..zoo import save_ar, tokenizer_digest, tokenizer_identity
 
         h = self.hparams
         model, encoder = self.weights()
-        return save(torch.nn.ModuleDict({"model": model, "encoder": encoder}), "ar",
-                    {"transformer": dict(h["transformer"]), "encoder": "synthscenes_slots"}, out_dir, recipe,
-                    tokenizer=h["tokenizer"], tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
-                    resolution=h["resolution"], batches=self.batches_seen,
-                    sample=dict(h["sample"]), object_weight=h["object_weight"], ema=h["ema"],
-                    resolutions=self.sizes, trained_on=_hardware(self.device),
-                    train_hours=round(self.trained_seconds() / 3600, 3))
+        return save_ar(model, encoder, out_dir, recipe, tokenizer=h["tokenizer"],
+                       tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
+                       resolution=h["resolution"], batches=self.batches_seen, sample=dict(h["sample"]),
+                       object_weight=h["object_weight"], ema=h["ema"], resolutions=self.sizes,
+                       trained_on=_hardware(self.device), train_hours=round(self.trained_seconds() / 3600, 3))
 
 
 def _hardware(device: torch.device) -> str:

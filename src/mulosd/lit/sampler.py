@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..data.images import to_image
 from ..eval.pixels import psnr
 from ..losses import ImageLoss, ImageLossConfig
-from ..samplers import build_sampler
+from ..samplers import build_sampler, head_for
 from ..samplers.latent import nearest_code
 from ..viz import captioned_grid
 from .adversarial import AdversarialSteps
@@ -49,7 +49,8 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         # the frozen tokenizer is not a submodule: it is not trained, not checkpointed, not exported
         object.__setattr__(self, "tokenizer", load_tokenizer(tokenizer))
         self.kind, self.r, self.stage = kind, r, loss["stage"]
-        self.sampler = build_sampler(kind, r, self.tokenizer.codebook(), width, depth, self.stage)
+        self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth,
+                                      "head": head_for(self.stage)}, self.tokenizer.codebook())
         image_loss = dict(loss["image"]) | ({"gan": "none"} if self.stage != "gan" else {})
         self.image_loss = ImageLoss(ImageLossConfig(**image_loss)) if self.pixel_stage else None
         self.optim, self.train_cfg = optim, train
@@ -180,8 +181,6 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         from ..zoo import save, tokenizer_digest, tokenizer_identity
 
         h = self.hparams
-        config = {"kind": h["kind"], "r": h["r"], "width": h["width"], "depth": h["depth"], "stage": self.stage,
-                  "codebook_size": int(self.sampler.codebook.shape[0]), "code_dim": int(self.sampler.codebook.shape[1])}
-        return save(self.sampler, "sampler", config, out_dir, recipe, tokenizer=h["tokenizer"],
+        return save(self.sampler, "sampler", out_dir, recipe, stage=self.stage, tokenizer=h["tokenizer"],
                     tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])), batches=self.batches_seen,
                     loss=dict(h["loss"]))

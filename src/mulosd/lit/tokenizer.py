@@ -133,5 +133,5 @@ class TokenizerModule(AdversarialSteps, L.LightningModule):
     def export(self, out_dir, recipe: str):
         from ..zoo import save
 
-        return save(self.model, "vq_tokenizer", dict(self.hparams["vq"]), out_dir, recipe,
+        return save(self.model, "vq_tokenizer", out_dir, recipe,
                     batches=self.batches_seen, loss=dict(self.hparams["loss"]))

@@ -30,8 +30,9 @@ from ..decoding import MuLoSDConfig, decode_ar, decode_mulosd
 from ..samplers import LatentDownsampler, LatentUpsampler
 from .gpt import CAPTION_DIM, CAPTION_SLOTS, VOCAB, gpt_config
 
-SIZES = {"xl": dict(size="GPT-XL", vocab=VOCAB, slots=CAPTION_SLOTS, caption=CAPTION_DIM, width=256, depth=4),
-         "tiny": dict(size=(1, 2, 64), vocab=512, slots=8, caption=32, width=16, depth=1)}
+# grid: the verifier's tokens per side (the drafter's is half); "tiny" exercises the harness in the test suite
+SIZES = {"xl": dict(size="GPT-XL", grid=32, vocab=VOCAB, slots=CAPTION_SLOTS, caption=CAPTION_DIM, width=256, depth=4),
+         "tiny": dict(size=(1, 2, 64), grid=8, vocab=512, slots=8, caption=32, width=16, depth=1)}
 RATES = (1.0, 0.97, 0.9)
 
 
@@ -81,7 +82,8 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     torch.manual_seed(0)
     make = lambda grid: Transformer(gpt_config(s["size"], grid, vocab_size=s["vocab"], prefix=s["slots"],  # noqa: E731
                                                caption_dim=s["caption"])).to(dev, dtype).eval()
-    verifier, drafter = make(32), make(16)
+    G, N = s["grid"], s["grid"] ** 2
+    verifier, drafter = make(G), make(G // 2)
     captions = RandomCaptions(s["slots"], s["caption"], dev)
     codebook = torch.nn.functional.normalize(torch.randn(s["vocab"], 8), dim=-1)
     up = LatentUpsampler(codebook, 2, s["width"], s["depth"], head="latent").to(dev).eval()
@@ -92,24 +94,24 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     prompt = ["a photo"]
     host = platform.processor() or platform.machine()
     out = {"size": size, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({host})",
-           "dtype": str(dtype).removeprefix("torch."), "batch": 1, "cfg_scale": cfg_scale,
+           "dtype": str(dtype).removeprefix("torch."), "batch": 1, "cfg_scale": cfg_scale, "tokens": N,
            "params_verifier_M": sum(p.numel() for p in verifier.parameters()) / 1e6}
     with torch.no_grad():
         v = bb(verifier)
         v.start(prompt)
-        half = torch.arange(512, device=dev)[None]
+        half = torch.arange(N // 2, device=dev)[None]
         v(half, torch.zeros_like(half))  # a half-full cache
 
         def one_step():
-            v(torch.tensor([[512]], device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev))
+            v(torch.tensor([[N // 2]], device=dev), torch.zeros(1, 1, dtype=torch.long, device=dev))
 
         def verify_all():
             v.start(prompt)
-            pos = torch.arange(1023, device=dev)[None]
+            pos = torch.arange(N - 1, device=dev)[None]
             v(pos, torch.zeros_like(pos))
 
         out["ms_ar_step"] = 1e3 * _timed(one_step, dev)
-        out["ms_verify_1024"] = 1e3 * _timed(verify_all, dev)
+        out["ms_verify_all"] = 1e3 * _timed(verify_all, dev)
         ar_s = _timed(lambda: decode_ar(bb(verifier), prompt, warpers=warpers), dev, repeats=1)
         out["s_ar"] = ar_s
         out["mulosd"] = {}
@@ -130,12 +132,13 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
 
 def table(m: dict) -> str:
     shape = "LlamaGen-XL-shaped" if m["size"] == "xl" else f"{m['size']}"
-    lines = [f"{shape} random models (r = 2, 256 -> 512 px) on {m['device']}, {m['dtype']}, batch {m['batch']}, CFG "
-             f"{m['cfg_scale']} (verifier {m['params_verifier_M']:.0f}M parameters)", "",
+    G = round(m["tokens"] ** 0.5)
+    lines = [f"{shape} random models (r = 2, {G // 2}x{G // 2} -> {G}x{G} tokens) on {m['device']}, {m['dtype']}, "
+             f"batch {m['batch']}, CFG {m['cfg_scale']} (verifier {m['params_verifier_M']:.0f}M parameters)", "",
              f"- one AR step (half-full cache): {m['ms_ar_step']:.2f} ms",
-             f"- one 1024-token verification forward: {m['ms_verify_1024']:.1f} ms "
-             f"({m['ms_verify_1024'] / m['ms_ar_step']:.1f} AR steps)",
-             f"- plain AR, one 512 px image: {m['s_ar']:.2f} s", "",
+             f"- one {m['tokens']}-token verification forward: {m['ms_verify_all']:.1f} ms "
+             f"({m['ms_verify_all'] / m['ms_ar_step']:.1f} AR steps)",
+             f"- plain AR, one image: {m['s_ar']:.2f} s", "",
              "| forced acceptance | MuLo-SD s | speed-up vs AR | sequential steps | verifier forwards | resampled |",
              "|---|---|---|---|---|---|"]
     for rate, r in m["mulosd"].items():

@@ -87,7 +87,7 @@ def make_world(root: Path) -> World:
     if not (tok / "config.json").is_file():
         torch.manual_seed(0)
         m = VQModel(VQConfig(ch=8, z_channels=16, codebook_size=64)).eval()
-        save(m, "vq_tokenizer", m.config.to_dict(), tok, recipe="reliability battery: random weights")
+        save(m, "vq_tokenizer", tok, recipe="reliability battery: random weights")
     shards = root / "shards"
     write_split(shards, "train", 2, 8, 64, 0, workers=1, progress=False)
     write_split(shards, "val", 2, 8, 64, 0, first_index=VAL_FIRST_INDEX, workers=1, progress=False)

@@ -55,8 +55,7 @@ def make_other_sampler(world: World) -> Path:
     out = world.root / "up_other"
     if not (out / "config.json").is_file():
         up = LatentUpsampler(load_tokenizer(world.tokenizer).codebook(), 2, 16, 1, head="latent")
-        save(up, "sampler", {"kind": "up", "r": 2, "width": 16, "depth": 1, "stage": "gan"}, out,
-             recipe="reliability battery: a sampler for another tokenizer")
+        save(up, "sampler", out, recipe="reliability battery: a sampler for another tokenizer", stage="gan")
     return out
 
 

@@ -82,7 +82,7 @@ class LatentUpsampler(nn.Module):
             raise ValueError(f"r must be 2 or 4, got {r}")
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
-        self.r, self.head_kind = r, head
+        self.r, self.width, self.depth, self.head_kind = r, width, depth, head
         self.embed = CodeEmbedding(codebook, width)
         self.trunk = nn.Sequential(*[CausalResBlock(width) for _ in range(depth)])
         self.expand = nn.Conv2d(width, r * r * width, 1)  # per position: channel expansion, then PixelShuffle
@@ -96,6 +96,12 @@ class LatentUpsampler(nn.Module):
     @property
     def codebook(self) -> torch.Tensor:
         return self.embed.codebook
+
+    def to_config(self) -> dict:
+        """What an export's config.json records; `build_sampler` rebuilds the architecture from it."""
+        V, D = self.codebook.shape
+        return {"kind": "up", "r": self.r, "width": self.width, "depth": self.depth, "head": self.head_kind,
+                "codebook_size": V, "code_dim": D}
 
     def last_layer(self) -> torch.Tensor:
         return self.head.weight
@@ -127,7 +133,7 @@ class LatentDownsampler(nn.Module):
         super().__init__()
         if r not in (2, 4):
             raise ValueError(f"r must be 2 or 4, got {r}")
-        self.r = r
+        self.r, self.width, self.depth = r, width, depth
         self.embed = CodeEmbedding(codebook, width // 4)
         self.unshuffle = nn.PixelUnshuffle(r)
         self.proj = nn.Conv2d(r * r * (width // 4), width, 1)
@@ -137,6 +143,11 @@ class LatentDownsampler(nn.Module):
     @property
     def codebook(self) -> torch.Tensor:
         return self.embed.codebook
+
+    def to_config(self) -> dict:
+        V, D = self.codebook.shape
+        return {"kind": "down", "r": self.r, "width": self.width, "depth": self.depth, "codebook_size": V,
+                "code_dim": D}
 
     def forward(self, tokens_high: torch.Tensor) -> torch.Tensor:
         if tokens_high.shape[-1] % self.r or tokens_high.shape[-2] % self.r:
@@ -148,9 +159,15 @@ class LatentDownsampler(nn.Module):
         return self(tokens_high).argmax(1)
 
 
-def build_sampler(kind: str, r: int, codebook: torch.Tensor, width: int, depth: int, stage: str) -> nn.Module:
-    """The sampler a training config or an export's config.json describes: D_r for kind "down", else U_r with
-    a logit head (stage token_ce) or a quantised latent head (the pixel stages)."""
-    if kind == "down":
-        return LatentDownsampler(codebook, r, width, depth)
-    return LatentUpsampler(codebook, r, width, depth, head="logits" if stage == "token_ce" else "latent")
+def head_for(stage: str) -> str:
+    """The up-sampler head a training stage needs: logits for token CE, quantised latents for the pixel losses."""
+    return "logits" if stage == "token_ce" else "latent"
+
+
+def build_sampler(config: dict, codebook: torch.Tensor) -> nn.Module:
+    """The sampler a `to_config()` dict describes (an export's config.json), around a codebook [V, D]. Exports
+    written before samplers recorded their head name the training stage instead."""
+    c = config
+    if c["kind"] == "down":
+        return LatentDownsampler(codebook, c["r"], c["width"], c["depth"])
+    return LatentUpsampler(codebook, c["r"], c["width"], c["depth"], head=c.get("head") or head_for(c["stage"]))

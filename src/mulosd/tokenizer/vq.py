@@ -31,9 +31,6 @@ class VQConfig:
     def downsample(self) -> int:
         return 2 ** (len(self.ch_mult) - 1)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def _norm(ch: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(32, ch // 4), ch, eps=1e-6)
@@ -128,6 +125,14 @@ class VQModel(nn.Module):
         self.quantize = VectorQuantizer(config.codebook_size, config.code_dim, config.beta)
         self.post_quant_conv = nn.Conv2d(config.code_dim, config.z_channels, 1)
         self.decoder = Decoder(config)
+
+    def to_config(self) -> dict:
+        """What an export's config.json records; `from_config` rebuilds the architecture from it."""
+        return asdict(self.config)
+
+    @classmethod
+    def from_config(cls, config: dict) -> VQModel:
+        return cls(VQConfig(**config))
 
     @property
     def downsample(self) -> int:
