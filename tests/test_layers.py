@@ -19,7 +19,7 @@ LAYERS = [  # bottom first
     {"ar"},
     {"samplers"},
     {"decoding"},
-    {"llamagen"},
+    {"llamagen", "tar"},
     {"zoo", "config", "viz"},
     {"pipeline", "reports", "lit", "generate"},
     {"training", "inference", "bench", "reliability"},

@@ -1,5 +1,10 @@
 """A LlamaGen-style AR transformer over a VQ token grid: RMSNorm, SwiGLU, 2D RoPE, a condition prefix.
 
+Positions are 2D RoPE by default; `positions="learned"` is Tar's AR-DTok instead: a learned table added to the
+input embedding at the absolute slot (prefix included), no rotation, with a one-layer condition projection
+(`cond_proj="linear"`, with bias) and zero features as the null condition (`null_cond="zeros"`). Its prefix
+length is chosen at run time (`with_prefix(T)`), which shifts the table rows of the image tokens.
+
 Sequence layout (training and decoding alike): `prefix` condition slots, then one slot per grid position in
 raster order. Slot P+i holds image token i; the output at a slot predicts the token of the next slot, so the
 last prefix slot predicts token 0 and slot P+i predicts token i+1.
@@ -43,10 +48,22 @@ class TransformerConfig:
     # which zeroes the prefix's queries and keys (so prefix slots attend uniformly); needed for its weights
     prefix_rope: str = "identity"
     grids: tuple[int, ...] = ()  # a multi-resolution model's grids (`grid` is the one this instance runs at)
+    positions: str = "rope"  # rope | learned: an absolute table over slots (AR-DTok's abs_pe)
+    pos_slots: int = 0  # rows of the learned table; 0 = exactly what this prefix and grid need
+    cond_proj: str = "mlp"  # mlp: Linear, GELU, Linear (LlamaGen) | linear: one Linear with bias (AR-DTok)
+    null_cond: str = "learned"  # the CFG null condition: a learned prefix (LlamaGen) | zeros: zero features
 
     def __post_init__(self):
-        if self.prefix_rope not in ("identity", "zero"):
-            raise ValueError(f"prefix_rope must be identity or zero, got {self.prefix_rope!r}")
+        for key, allowed in (("prefix_rope", ("identity", "zero")), ("positions", ("rope", "learned")),
+                             ("cond_proj", ("mlp", "linear")), ("null_cond", ("learned", "zeros"))):
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {getattr(self, key)!r}")
+        if self.positions == "learned":
+            self.pos_slots = self.pos_slots or self.slots - 1
+            if self.slots - 1 > self.pos_slots:
+                raise ValueError(f"a prefix of {self.prefix} and a {self.grid}x{self.grid} grid need "
+                                 f"{self.slots - 1} position rows; the table has {self.pos_slots} (prefix at most "
+                                 f"{self.pos_slots - self.grid * self.grid + 1})")
         self.grids = tuple(int(g) for g in self.grids)
         if self.grids and self.grid not in self.grids:
             raise ValueError(f"grid {self.grid} is not one of the model's grids {self.grids}")
@@ -113,7 +130,8 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None):
         q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x [B, H, n, Dh]
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -153,16 +171,25 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.cond_proj = nn.Sequential(nn.Linear(cfg.cond_dim, cfg.dim), nn.GELU(approximate="tanh"),
-                                       nn.Linear(cfg.dim, cfg.dim))
+        if cfg.cond_proj == "mlp":
+            self.cond_proj = nn.Sequential(nn.Linear(cfg.cond_dim, cfg.dim), nn.GELU(approximate="tanh"),
+                                           nn.Linear(cfg.dim, cfg.dim))
+        else:
+            self.cond_proj = nn.Linear(cfg.cond_dim, cfg.dim)
         # the learned null condition for classifier-free guidance, in the encoder's output space
-        self.null_cond = nn.Parameter(torch.randn(cfg.prefix, cfg.cond_dim) / math.sqrt(cfg.cond_dim))
+        self.null_cond = (nn.Parameter(torch.randn(cfg.prefix, cfg.cond_dim) / math.sqrt(cfg.cond_dim))
+                          if cfg.null_cond == "learned" else None)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.dim)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         # one learned vector per grid, added to the prefix: the model knows which resolution it draws
         self.res_emb = nn.Embedding(len(cfg.grids), cfg.dim) if cfg.grids else None
-        self.register_buffer("rope", rope_2d(cfg), persistent=False)
+        if cfg.positions == "rope":
+            self.register_buffer("rope", rope_2d(cfg), persistent=False)
+            self.abs_pe = None
+        else:
+            self.rope = None
+            self.abs_pe = nn.Parameter(torch.randn(1, cfg.pos_slots, cfg.dim) * 0.02)
         self.apply(self._init)
 
     def to_config(self) -> dict:
@@ -179,10 +206,21 @@ class Transformer(nn.Module):
             return self
         if grid not in self.cfg.grids:
             raise ValueError(f"the model was trained on grids {self.cfg.grids or (self.cfg.grid,)}, not {grid}")
+        return self._view(grid=grid)
+
+    def with_prefix(self, prefix: int) -> Transformer:
+        """A learned-position model (AR-DTok) with another prefix length: shares every parameter; the image
+        tokens move to the table rows after the new prefix. Refused when the table is too short for it."""
+        if self.cfg.positions != "learned":
+            raise ValueError("only a model with learned positions takes a prefix length at run time")
+        return self if prefix == self.cfg.prefix else self._view(prefix=prefix)
+
+    def _view(self, **changes) -> Transformer:
         view = copy.copy(self)
         view._buffers = dict(self._buffers)  # the parameter and module dicts stay shared
-        view.cfg = replace(self.cfg, grid=grid)
-        view.rope = rope_2d(view.cfg).to(self.rope.device)
+        view.cfg = replace(self.cfg, **changes)
+        if view.rope is not None:
+            view.rope = rope_2d(view.cfg).to(self.rope.device)
         return view
 
     @staticmethod
@@ -195,7 +233,11 @@ class Transformer(nn.Module):
     def condition(self, cond: torch.Tensor | None, batch: int, drop: torch.Tensor | None = None) -> torch.Tensor:
         """Prefix embeddings [B, P, dim] from encoder features [B, P, cond_dim]; None = the null condition;
         rows where `drop` [B] is true get the null condition (caption dropout in training)."""
-        null = self.null_cond.expand(batch, -1, -1)
+        if self.null_cond is None:  # zero features (after the projection: its bias at every slot)
+            w = next(self.cond_proj.parameters())
+            null = torch.zeros(batch, self.cfg.prefix, self.cfg.cond_dim, device=w.device, dtype=w.dtype)
+        else:
+            null = self.null_cond.expand(batch, -1, -1)
         if cond is None:
             cond = null
         elif drop is not None:
@@ -209,7 +251,11 @@ class Transformer(nn.Module):
         """Teacher forcing: tokens [B, N] (raster) -> logits [B, N, V], logits[:, i] predicting token i."""
         B, N = tokens.shape
         x = torch.cat([self.condition(cond, B, drop), self.tok_emb(tokens[:, :-1])], dim=1)
-        rope = self.rope[None, None, :x.shape[1]]
+        rope = None
+        if self.abs_pe is not None:
+            x = x + self.abs_pe[:, :x.shape[1]]
+        else:
+            rope = self.rope[None, None, :x.shape[1]]
         for block in self.blocks:
             x = block(x, rope)
         return self.head(self.norm(x[:, self.cfg.prefix - 1:]))
@@ -224,7 +270,13 @@ class Transformer(nn.Module):
         # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
         mask = (key <= slots[:, :, None]) & cache.filled[:, None, :] | (key == slots[:, :, None])  # [B, n, S]
         mask = mask[:, None]
-        rope = self.rope[slots][:, None]
+        rope = None
+        if self.abs_pe is not None:
+            # the last grid slot has no row when the prefix is the longest the table allows; only a no-op
+            # rewrite ever writes it (nothing reads the output after the last token), so its row is clamped
+            x = x + self.abs_pe[0, slots.clamp(max=self.cfg.pos_slots - 1)]
+        else:
+            rope = self.rope[slots][:, None]
         for i, block in enumerate(self.blocks):
             x = block(x, rope, layer=i, cache=cache, slots=slots, mask=mask)
         return self.head(self.norm(x))

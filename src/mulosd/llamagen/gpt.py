@@ -21,7 +21,7 @@ GPT_SIZES = {"GPT-B": (12, 12, 768), "GPT-L": (24, 16, 1024), "GPT-XL": (36, 20,
 CAPTION_SLOTS, CAPTION_DIM, VOCAB = 120, 2048, 16384
 
 
-def _find_multiple(n: int, k: int) -> int:
+def find_multiple(n: int, k: int) -> int:
     return n if n % k == 0 else n + k - n % k
 
 
@@ -35,16 +35,14 @@ def gpt_config(size: str | tuple[int, int, int], grid: int, vocab_size: int = VO
         size = GPT_SIZES[size]
     layers, heads, dim = size
     return TransformerConfig(vocab_size=vocab_size, grid=grid, dim=dim, layers=layers, heads=heads, prefix=prefix,
-                             cond_dim=caption_dim, mlp_hidden=_find_multiple(int(8 * dim / 3), 256),
+                             cond_dim=caption_dim, mlp_hidden=find_multiple(int(8 * dim / 3), 256),
                              prefix_rope="zero")
 
 
-def _renames(layers: int) -> dict[str, str]:
-    """upstream key -> ours, for every one-to-one tensor."""
-    names = {"tok_embeddings.weight": "tok_emb.weight", "norm.weight": "norm.weight", "output.weight": "head.weight",
-             "cls_embedding.cap_proj.fc1.weight": "cond_proj.0.weight",
-             "cls_embedding.cap_proj.fc2.weight": "cond_proj.2.weight",
-             "cls_embedding.uncond_embedding": "null_cond"}
+def block_renames(layers: int) -> dict[str, str]:
+    """upstream key -> ours for the one-to-one tensors of the transformer blocks (LlamaGen's names, which
+    Tar's AR-DTok shares); w1 and w3 are concatenated into our gate_up."""
+    names = {}
     for i in range(layers):
         up, ours = f"layers.{i}.", f"blocks.{i}."
         names |= {up + "attention.wqkv.weight": ours + "attn.qkv.weight",
@@ -53,6 +51,14 @@ def _renames(layers: int) -> dict[str, str]:
                   up + "ffn_norm.weight": ours + "mlp_norm.weight",
                   up + "feed_forward.w2.weight": ours + "mlp.down.weight"}
     return names
+
+
+def _renames(layers: int) -> dict[str, str]:
+    """upstream key -> ours, for every one-to-one tensor."""
+    return {"tok_embeddings.weight": "tok_emb.weight", "norm.weight": "norm.weight", "output.weight": "head.weight",
+            "cls_embedding.cap_proj.fc1.weight": "cond_proj.0.weight",
+            "cls_embedding.cap_proj.fc2.weight": "cond_proj.2.weight",
+            "cls_embedding.uncond_embedding": "null_cond"} | block_renames(layers)
 
 
 IGNORED = ("freqs_cis", "causal_mask")  # upstream buffers rebuilt at load (and KV caches, when saved warm)

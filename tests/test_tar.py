@@ -1,0 +1,162 @@
+"""Tar: AR-DTok against an independent re-implementation of upstream's forward, its files in upstream's exact
+layout (made here, nothing downloaded), refusals, and the decoding strategies on a tiny Tar pair."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mulosd.ar import ARBackbone
+from mulosd.decoding import MuLoSDConfig, SDConfig, decode_ar, decode_mulosd, decode_sd
+from mulosd.tar.ar_dtok import load_ardtok
+
+TINY = {"llama-abs-tiny": (2, 2, 32)}  # a test-only size name: (layers, heads, dim)
+V, COND, CLS = 64, 12, 6  # codes, feature width, the checkpoint's cls_token_num
+
+
+def _hidden(dim):
+    n = int(2 * 4 * dim / 3)
+    return n if n % 256 == 0 else n + 256 - n % 256
+
+
+def upstream_state(grid: int, seed: int = 0, layers: int = 2, dim: int = 32) -> dict:
+    """A random AR-DTok state dict with upstream's key names and shapes (clip_cond, learned abs_pe)."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *shape: torch.randn(*shape, generator=g) * 0.2  # noqa: E731
+    hidden = _hidden(dim)
+    sd = {"abs_pe": r(1, grid * grid + CLS - 1, dim), "clip_proj.weight": r(dim, COND), "clip_proj.bias": r(dim),
+          "tok_embeddings.weight": r(V, dim), "norm.weight": 1 + r(dim), "output.weight": r(V, dim)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        sd |= {p + "attention.wqkv.weight": r(3 * dim, dim), p + "attention.wo.weight": r(dim, dim),
+               p + "feed_forward.w1.weight": r(hidden, dim), p + "feed_forward.w3.weight": r(hidden, dim),
+               p + "feed_forward.w2.weight": r(dim, hidden), p + "attention_norm.weight": 1 + r(dim),
+               p + "ffn_norm.weight": 1 + r(dim)}
+    return sd
+
+
+def upstream_file(path, grid: int, seed: int = 0, sd: dict | None = None, **args):
+    """What upstream's training writes: {"model": {"name", "args", "sd"}}; args as ModelArgs fields."""
+    args = {"dim": 32, "n_layer": 2, "n_head": 2, "model_type": "clip_cond", "cond_dim": COND, "vocab_size": V,
+            "cls_token_num": CLS, "max_seq_len": grid * grid, "multiple_of": 256} | args
+    torch.save({"model": {"name": "llama-abs-tiny", "args": args, "sd": sd or upstream_state(grid, seed)}}, path)
+    return path
+
+
+def reference_logits(sd: dict, feats: torch.Tensor, tokens: torch.Tensor, heads: int = 2) -> torch.Tensor:
+    """Upstream's ARModel forward, written independently from its description: [cond; tokens] + abs_pe at the
+    absolute slot, causal attention, SwiGLU, RMSNorm (eps 1e-5); logits from the last prefix slot on."""
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+
+    T = feats.shape[1]
+    h = torch.cat([feats @ sd["clip_proj.weight"].T + sd["clip_proj.bias"], sd["tok_embeddings.weight"][tokens]], 1)
+    h = h + sd["abs_pe"][:, :h.shape[1]]
+    B, n, dim = h.shape
+    layers = sum(k.endswith("attention.wo.weight") for k in sd)
+    for i in range(layers):
+        p = f"layers.{i}."
+        x = rms(h, sd[p + "attention_norm.weight"])
+        q, k, v = (x @ sd[p + "attention.wqkv.weight"].T).split(dim, -1)
+        q, k, v = (t.view(B, n, heads, -1).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-1, -2)) / math.sqrt(dim // heads)
+        att = att.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -torch.inf).softmax(-1)
+        h = h + (att @ v).transpose(1, 2).reshape(B, n, dim) @ sd[p + "attention.wo.weight"].T
+        x = rms(h, sd[p + "ffn_norm.weight"])
+        ff = F.silu(x @ sd[p + "feed_forward.w1.weight"].T) * (x @ sd[p + "feed_forward.w3.weight"].T)
+        h = h + ff @ sd[p + "feed_forward.w2.weight"].T
+    return (rms(h, sd["norm.weight"]) @ sd["output.weight"].T)[:, T - 1:]
+
+
+class Features:
+    """captions -> fixed random TA-Tok-like features [B, T, COND] (the LLM and TA-Tok stand-in)."""
+
+    def __init__(self, prefix: int):
+        self.prefix = prefix
+
+    def __call__(self, captions):
+        return torch.stack([torch.randn(self.prefix, COND, generator=torch.Generator().manual_seed(len(c)))
+                            for c in captions]).double()
+
+
+def test_our_ardtok_matches_upstream_math_with_a_run_time_prefix_and_zero_feature_cfg(tmp_path):
+    sd = upstream_state(4)
+    model = load_ardtok(upstream_file(tmp_path / "ar.pth", 4, sd=sd), prefix=4, sizes=TINY).double()
+    assert model.cfg.prefix == 4 and model.cfg.pos_slots == 16 + CLS - 1
+    sd = {k: v.double() for k, v in sd.items()}
+    captions = ["a cat", "two red dogs"]
+    feats = Features(4)(captions)
+    tokens = torch.randint(0, V, (2, 16), generator=torch.Generator().manual_seed(1))
+    want_c = reference_logits(sd, feats, tokens[:, :-1])
+    want_u = reference_logits(sd, torch.zeros_like(feats), tokens[:, :-1])
+    assert torch.allclose(model(tokens, feats), want_c, atol=1e-5)  # teacher forcing
+    # through the KV cache, with CFG against all-zero features, as the decoders call it
+    scale = 4.0
+    bb = ARBackbone(model, Features(4), scale)
+    first = bb.start(captions)
+    rest = bb(torch.arange(15).expand(2, -1), tokens[:, :-1])
+    want = want_u + scale * (want_c - want_u)
+    assert torch.allclose(torch.cat([first, rest], 1).double(), want, atol=1e-4)  # CFG is combined in fp32
+
+
+def _pair(tmp_path, prefix=CLS):
+    verifier = load_ardtok(upstream_file(tmp_path / "v.pth", 8, seed=1), prefix=prefix, sizes=TINY).double()
+    drafter = load_ardtok(upstream_file(tmp_path / "d.pth", 4, seed=2), prefix=prefix, sizes=TINY).double()
+    return verifier, drafter
+
+
+def test_every_strategy_runs_on_a_tiny_tar_pair_and_mulosd_reproduces_ar(tmp_path):
+    from mulosd.samplers import LatentDownsampler, LatentUpsampler
+    from mulosd.tokenizer.neighbours import neighbour_table
+
+    verifier, drafter = _pair(tmp_path)  # the longest prefix the files allow: the last slot's row is clamped
+    enc, captions = Features(CLS), ["a cat", "a dog", "three birds"]
+    codebook = torch.randn(V, 8)
+    up = LatentUpsampler(codebook, 2, 16, 1).double().eval()
+    down = LatentDownsampler(codebook, 2, 16, 1).double().eval()
+    want, _ = decode_ar(ARBackbone(verifier, enc, 4.0), captions, seed=3)
+    got, trace = decode_mulosd(ARBackbone(verifier, enc, 4.0), ARBackbone(drafter, enc, 4.0), up.up, down.down,
+                               captions, neighbour_table(codebook, 8), MuLoSDConfig(tau=1.5, resample="serial"),
+                               seed=3)
+    assert torch.equal(got, want) and trace.counts["accepted"] == 0
+    tokens, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions,
+                          SDConfig(gamma=3), seed=3)  # writes the grid's last slot
+    alone, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions[1:2],
+                         SDConfig(gamma=3), seed=3, image_ids=torch.tensor([1]))
+    assert torch.equal(alone[0], tokens[1])
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    with pytest.raises(ValueError, match="prefix at most 6"):
+        load_ardtok(upstream_file(tmp_path / "a.pth", 4), prefix=7, sizes=TINY)
+    sd = upstream_state(4)
+    sd["layers.1.feed_forward.w3.weigth"] = sd.pop("layers.1.feed_forward.w3.weight")
+    with pytest.raises(ValueError, match="lacks 'layers.1.feed_forward.w3.weight'"):
+        load_ardtok(upstream_file(tmp_path / "b.pth", 4, sd=sd), sizes=TINY)
+    sd = upstream_state(4) | {"cls_embedding.uncond_embedding": torch.zeros(1)}
+    with pytest.raises(ValueError, match="cls_embedding.uncond_embedding"):
+        load_ardtok(upstream_file(tmp_path / "c.pth", 4, sd=sd), sizes=TINY)
+    sd = upstream_state(4)
+    sd["abs_pe"] = sd["abs_pe"][:, :-1]  # upstream would drop it silently and keep a random table
+    with pytest.raises(ValueError, match="'abs_pe' has shape"):
+        load_ardtok(upstream_file(tmp_path / "d.pth", 4, sd=sd), sizes=TINY)
+    with pytest.raises(ValueError, match="class_cond"):
+        load_ardtok(upstream_file(tmp_path / "e.pth", 4, model_type="class_cond"), sizes=TINY)
+    with pytest.raises(ValueError, match="unknown AR-DTok size"):
+        load_ardtok(upstream_file(tmp_path / "f.pth", 4))
+    torch.save({"state": upstream_state(4)}, tmp_path / "g.pth")
+    with pytest.raises(ValueError, match="not an AR-DTok checkpoint"):
+        load_ardtok(tmp_path / "g.pth", sizes=TINY)
+
+
+class Payload:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_a_pickled_payload_is_refused_not_run(tmp_path, capsys):
+    torch.save({"model": {"name": "llama-abs-tiny", "args": {}, "sd": {}, "extra": Payload()}}, tmp_path / "p.pth")
+    with pytest.raises(ValueError, match="weights-only"):
+        load_ardtok(tmp_path / "p.pth", sizes=TINY)
+    assert "must never run" not in capsys.readouterr().out
