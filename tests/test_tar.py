@@ -160,3 +160,151 @@ def test_a_pickled_payload_is_refused_not_run(tmp_path, capsys):
     with pytest.raises(ValueError, match="weights-only"):
         load_ardtok(tmp_path / "p.pth", sizes=TINY)
     assert "must never run" not in capsys.readouterr().out
+
+
+# --- the whole backbone=tar pipeline on tiny random models in upstream's layouts ---------------------------------
+
+TA_CODES, TA_DIM, HIDDEN = 16, 8, 48  # TA-Tok codebook, bottleneck width, feature width (12 SigLIP2 heads of 4)
+
+
+def ta_tok_file(path, seed=0):
+    """What upstream's TextAlignedTokenizer saves: {"model": {"args", "sd"}}; the sd holds the image encoder too
+    (here one stand-in key per encode-only part), which the decode path skips."""
+    from mulosd.tar.ta_tok import TATokDecoder
+
+    torch.manual_seed(seed)
+    dec = TATokDecoder(TA_CODES, TA_DIM, HIDDEN, depth=1, l2_normalized=True, intermediate_size=32, num_patches=16)
+    names = {"embedding.": "bottleneck.regularizer.embedding.",
+             "embedding_proj.": "bottleneck.regularizer.embedding_proj.", "out_linear.": "bottleneck.out_linear."}
+    sd = {}
+    for k, v in dec.state_dict().items():
+        prefix = next((p for p in names if k.startswith(p)), None)
+        sd[names[prefix] + k.removeprefix(prefix) if prefix else k] = v
+    sd |= {"encoder.embeddings.patch_embedding.weight": torch.zeros(1), "encode_task_layer.0.weight": torch.zeros(1),
+           "bottleneck.in_linear.weight": torch.zeros(1)}
+    args = {"bottleneck": {"name": "bottleneck", "args": {"bottleneck_dim": TA_DIM, "regularizer": {
+        "name": "simvq", "args": {"codebook_size": TA_CODES, "l2_normalized": True}}}}, "decoder_depth": 1,
+        "teacher": "google/siglip2-so400m-patch14-384", "input_type": "rec"}
+    torch.save({"model": {"args": args, "sd": sd}}, path)
+    return dec
+
+
+def tiny_llm(path):
+    """A random Qwen2 with a word-level tokenizer holding Tar's added tokens and a chat template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    words = ["[UNK]", "<|im_start|>", "<|im_end|>", "system", "user", "assistant", "You", "are", "a", "helpful",
+             "assistant.", "cat", "dog", "red"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<|im_end|>",
+                                   pad_token="<|im_end|>")
+    fast.add_tokens(["<im_start>", "<im_end>", "<S0>", "<S1>", "<S2>"] + [f"<I{i}>" for i in range(TA_CODES)])
+    fast.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    fast.save_pretrained(path)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                         eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id)
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tar_dir(tmp_path_factory):
+    """Upstream's four files for a tiny Tar: AR-DTok 256 px (4 x 4) and 512 px (8 x 8) over 81 TA-Tok features
+    (scale 2), TA-Tok, and a VQ-16 with upstream's fixed ch=128 and num_res_blocks=2 (a shrunk ch_mult)."""
+    from mulosd.llamagen.vq16 import LlamaGenVQ, VQ16Config
+
+    d = tmp_path_factory.mktemp("tar")
+    for size, grid, seed in ((256, 4, 1), (512, 8, 2)):
+        sd = upstream_state(grid, seed)
+        sd["abs_pe"] = torch.randn(1, grid * grid + 81 - 1, 32) * 0.2
+        sd["clip_proj.weight"] = torch.randn(32, HIDDEN) * 0.2
+        upstream_file(d / f"ar_dtok_lp_{size}px.pth", grid, sd=sd, cls_token_num=81, cond_dim=HIDDEN)
+    ta_tok_file(d / "ta_tok.pth")
+    torch.manual_seed(3)
+    vq = LlamaGenVQ(VQ16Config(ch=128, ch_mult=[1, 1, 1, 1, 1], num_res_blocks=2, z_channels=8, codebook_size=V))
+    state = vq.state_dict() | {"quantize.codebook_used": torch.zeros(V)}
+    torch.save({"model": state}, d / "vq_ds16_t2i.pt")
+    tiny_llm(d / "llm")
+    return d
+
+
+def _tar_samplers(d):
+    from mulosd.llamagen.models import load_vq
+    from mulosd.samplers import LatentDownsampler, LatentUpsampler
+    from mulosd.zoo import save
+
+    codebook = load_vq(d / "vq_ds16_t2i.pt").codebook()
+    save(LatentUpsampler(codebook, 2, 16, 1, head="latent"), "sampler", d / "up", recipe="test", stage="gan")
+    save(LatentDownsampler(codebook, 2, 16, 1), "sampler", d / "down", recipe="test", stage="token_ce")
+
+
+def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, tmp_path):
+    from mulosd import tar
+    from mulosd.pipeline import Pipeline
+
+    from .conftest import compose_config
+
+    monkeypatch.setitem(tar.ar_dtok.SIZES, "llama-abs-tiny", TINY["llama-abs-tiny"])
+    _tar_samplers(tar_dir)
+    common = ["backbone=tar", f"tar.ckpt_dir={tar_dir}", f"tar.llm={tar_dir / 'llm'}", "tar.scale=2",
+              "tar.download=false", "tar.dtype=float32", f"models.up={tar_dir / 'up'}",
+              f"models.down={tar_dir / 'down'}", "tau=0.05", "pool_k=8", "prompt=a red cat"]
+    cfg = compose_config("infer", common)
+    pipe = Pipeline.from_config(cfg, {"mulosd", "ar"})
+    captions, ids = ["a red cat", "a dog"], torch.arange(2)
+    tokens, trace = pipe.decode("mulosd", cfg, captions, ids)
+    ar_tokens, ar_trace = pipe.decode("ar", cfg, captions, ids)
+    assert tokens.shape == ar_tokens.shape == (2, 8, 8)
+    assert trace.stages["llm"] > 0 and trace.stages["ta_tok"] > 0 and trace.forwards["verifier"] < 64
+    images = pipe.images(tokens)
+    assert len(images) == 2 and images[0].shape == (128, 128, 3)
+    # the LLM stage is seeded per image: a prompt's features do not depend on its batch
+    pipe.conditioner.prepare(captions[1:], cfg.seed, ids[1:])
+    alone = pipe.conditioner.features[0]
+    pipe.conditioner.prepare(captions, cfg.seed, ids)
+    assert torch.equal(alone, pipe.conditioner.features[1])
+    # saved TA-Tok ids skip the LLM (the LLM path is not even looked at)
+    torch.save(torch.randint(0, TA_CODES, (81,)), tmp_path / "ids.pt")
+    cfg = compose_config("infer", [c for c in common if not c.startswith("tar.llm")]
+                         + ["tar.llm=/nonexistent", f"tar.features={tmp_path / 'ids.pt'}"])
+    pipe = Pipeline.from_config(cfg, {"ar"})
+    tokens, trace = pipe.decode("ar", cfg, captions, ids)
+    assert tokens.shape == (2, 8, 8) and trace.stages["llm"] == 0
+    assert torch.equal(pipe.conditioner.features[0], pipe.conditioner.features[1])  # one set of ids for both
+
+
+def test_ta_tok_refusals_name_the_key(tmp_path):
+    from mulosd.tar.ta_tok import load_ta_tok
+
+    ta_tok_file(tmp_path / "ta.pth")
+    obj = torch.load(tmp_path / "ta.pth", weights_only=True)
+    assert load_ta_tok(tmp_path / "ta.pth")(torch.randint(0, TA_CODES, (2, 9))).shape == (2, 9, HIDDEN)
+    sd = obj["model"]["sd"]
+    del sd["decoder.vision_model.post_layernorm.weight"]
+    torch.save(obj, tmp_path / "missing.pth")
+    with pytest.raises(ValueError, match="lacks 'decoder.vision_model.post_layernorm.weight'"):
+        load_ta_tok(tmp_path / "missing.pth")
+    sd["bottleneck.regularizer.codebook_used"] = torch.zeros(1)
+    sd["decoder.vision_model.post_layernorm.weight"] = torch.ones(HIDDEN)
+    torch.save(obj, tmp_path / "extra.pth")
+    with pytest.raises(ValueError, match="codebook_used"):  # neither decode path nor a known encode-only part
+        load_ta_tok(tmp_path / "extra.pth")
+
+
+def test_offline_without_the_files_is_one_line_naming_every_missing_file(tmp_path, monkeypatch, capsys):
+    from .conftest import cli_error
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert cli_error("infer.py", ["backbone=tar", f"tar.ckpt_dir={tmp_path}", "tar.llm=csuhan/Tar-1.5B",
+                                  "prompt=a cat"], tmp_path / "run", capsys) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    for name in ("ar_dtok_lp_256px.pth", "ar_dtok_lp_512px.pth", "ta_tok.pth", "vq_ds16_t2i.pt", "Tar-1.5B"):
+        assert name in err, name
+    assert cli_error("infer.py", ["backbone=tar", "r=4", "prompt=a cat"], tmp_path / "r", capsys) == 2
+    assert "r: tar at 512 px over the 256 px drafter is r=2" in capsys.readouterr().err

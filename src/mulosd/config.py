@@ -246,8 +246,22 @@ class LlamaGenConfig:
 
 
 @dataclass
+class TarConfig:
+    """backbone=tar: Tar's files (see mulosd.tar.checkpoints) and its LLM stage."""
+
+    ckpt_dir: str | None = None  # default ~/.cache/mulosd/tar (or $MULOSD_TAR_DIR)
+    resolution: int = 512  # the AR-DTok verifier: 512 (r=2) | 1024 (r=4); the drafter is the 256 px one
+    llm: str = "csuhan/Tar-1.5B"  # a hub repository (csuhan/Tar-7B-v0.1 too), or a directory
+    scale: int = 0  # the LLM's <S{scale}>: 0 | 1 | 2 -> 729 | 169 | 81 TA-Tok ids per image
+    features: str | None = None  # a .pt file of saved TA-Tok ids ([n], one for every prompt, or [prompts, n]):
+    # skips the LLM
+    download: bool = True  # fetch missing files from the hub when it is reachable
+    dtype: str = "bfloat16"  # float32 | bfloat16 (GPU)
+
+
+@dataclass
 class InferConfig:
-    backbone: str = "synthscenes"  # synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2)
+    backbone: str = "synthscenes"  # synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2) | tar
     device: str = "cpu"  # cpu | cuda
     devices: int = 1  # > 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)
     prompt: str | None = "a red circle above a blue square on a striped green background"
@@ -297,6 +311,7 @@ class InferConfig:
     window: int = 4  # zipar
     models: InferModelsConfig = field(default_factory=InferModelsConfig)
     llamagen: LlamaGenConfig = field(default_factory=LlamaGenConfig)
+    tar: TarConfig = field(default_factory=TarConfig)
     wandb: str = "disabled"  # disabled | offline | online: log the run's summary (what sweeps optimise)
     wandb_project: str = "mulosd"
 
@@ -328,7 +343,7 @@ WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)
 SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")
 DECODINGS = (*STRATEGY_NAMES, "reference")
-BACKBONES = ("synthscenes", "llamagen_t2i")
+BACKBONES = ("synthscenes", "llamagen_t2i", "tar")
 
 
 def register_configs() -> None:
@@ -474,9 +489,17 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.compare_repeats >= 1, "compare_repeats", f"must be >= 1, got {cfg.compare_repeats}")
     _require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
     _one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
-    _require(cfg.backbone == "synthscenes" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
+    _require(cfg.backbone != "llamagen_t2i" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
              "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar or mulosd "
              "(no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
+    _one_of(cfg.tar.dtype, ("float32", "bfloat16"), "tar.dtype")
+    _one_of(cfg.tar.resolution, (512, 1024), "tar.resolution")
+    _one_of(cfg.tar.scale, (0, 1, 2), "tar.scale")
+    if cfg.backbone == "tar":
+        _require(cfg.decoding not in ("sd", "lantern", "reference"), "decoding",
+                 "tar decodes with ar, zipar or mulosd (no same-resolution AR-DTok drafter is released)")
+        _require(cfg.r == cfg.tar.resolution // 256, "r", f"tar at {cfg.tar.resolution} px over the 256 px drafter "
+                 f"is r={cfg.tar.resolution // 256}, got r={cfg.r}")
     _require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     _require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "

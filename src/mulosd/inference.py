@@ -10,6 +10,7 @@ a drafter, verifier or sampler trained on another tokenizer) is refused before a
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,7 +49,9 @@ def decode_all(pipe: Pipeline, strategy: str, cfg: DictConfig, texts: list[str])
             chunk = texts[start:start + cfg.batch_size]
             tokens, trace = pipe.decode(strategy, cfg, chunk, torch.arange(start, start + len(chunk)), progress=bar,
                                         rounds=strategy == "mulosd")  # its acceptance maps
+            t = time.perf_counter()
             images += pipe.images(tokens)
+            trace.stages["vq_decode"] = time.perf_counter() - t
             traces.append(trace)
     return images, traces
 
@@ -128,6 +131,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     wall = sum(t.wall_s for t in traces)
     for t in traces:
         log.info(t.summary())
+    if cfg.backbone == "tar":  # each stage on its own: the LLM, TA-Tok, the de-tokenizer pair, the VQ decoder
+        stages = {k: sum(t.stages.get(k, 0.0) for t in traces) for k in ("llm", "ta_tok")}
+        log.info(f"tar stages: llm {stages['llm']:.2f} s, ta_tok {stages['ta_tok']:.2f} s, de-tokenizer "
+                 f"({cfg.decoding}) {wall:.2f} s, vq_decode {sum(t.stages['vq_decode'] for t in traces):.2f} s")
     log.info(f"{cfg.decoding}: {len(texts)} images in {wall:.2f} s, SynthScenes-GenEval {_score(geneval)}; "
              f"grid -> {grid_path}")
     result = {"images": images, "traces": traces, "geneval": geneval, "wall_s": wall}

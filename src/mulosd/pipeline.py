@@ -54,8 +54,11 @@ class Pipeline:
 
     def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
                  drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
-                 small=None, small_encoder=None):
+                 small=None, small_encoder=None, conditioner=None):
         self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
+        # conditioning computed once per batch before decoding (Tar's LLM and TA-Tok): `prepare(captions, seed,
+        # image_ids)`, and `seconds` per stage of the last batch
+        self.conditioner = conditioner
         self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
         self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
         self.up, self.down = up, down  # U_r and D_r as token -> token callables
@@ -66,7 +69,8 @@ class Pipeline:
         unknown = set(strategies) - set(STRATEGIES)
         if unknown:
             raise ConfigError("decoding", f"{', '.join(sorted(unknown))} is not one of {', '.join(STRATEGIES)}")
-        return {"synthscenes": cls.synthscenes, "llamagen_t2i": cls.llamagen}[cfg.backbone](cfg, set(strategies))
+        constructors = {"synthscenes": cls.synthscenes, "llamagen_t2i": cls.llamagen, "tar": cls.tar}
+        return constructors[cfg.backbone](cfg, set(strategies))
 
     @classmethod
     def synthscenes(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
@@ -118,29 +122,48 @@ class Pipeline:
         (trained with tokenizer=llamagen_vq16) and checked against the VQ-16 codebook."""
         from .llamagen import load_llamagen
         from .llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, locate
+
+        lg = cfg.llamagen
+        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
+        _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
+        _require_samplers(cfg, strategies, "llamagen_t2i")
+        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
+                    download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
+        return cls._upstream(cfg, t2i, strategies)
+
+    @classmethod
+    def tar(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+        """Tar: AR-DTok 512 or 1024 px verifies, AR-DTok 256 px drafts, both on the TA-Tok features of the LLM's
+        ids (or of saved ids, `tar.features`); the samplers are given by path, trained on LlamaGen's VQ-16."""
+        from .tar.checkpoints import files, locate_tar
+        from .tar.models import load_tar
+
+        tc, mulosd = cfg.tar, "mulosd" in strategies
+        llm = None if tc.features else tc.llm
+        _load("tar.ckpt_dir", locate_tar, files(tc.resolution, mulosd), tc.ckpt_dir, tc.download, llm)  # all, first
+        _require_samplers(cfg, strategies, "tar")
+        t2i = _load("tar.ckpt_dir", load_tar, tc.ckpt_dir, tc.resolution, drafter=mulosd, scale=tc.scale, llm=llm,
+                    download=tc.download, device=cfg.device, dtype=getattr(torch, tc.dtype))
+        if tc.features:
+            t2i.encoder.saved = _load("tar.features", _read_ids, tc.features)
+        return cls._upstream(cfg, t2i, strategies, conditioner=t2i.encoder)
+
+    @classmethod
+    def _upstream(cls, cfg: DictConfig, t2i, strategies: set[str], **extra) -> Pipeline:
+        """A pipeline over a released backbone pair (LlamaGen, Tar) and samplers trained on its VQ-16 codes.
+        Guidance as upstream applies it: only at a scale above 1."""
         from .tokenizer.neighbours import cached_neighbour_table
         from .zoo import load_sampler
 
-        lg, m = cfg.llamagen, cfg.models
-        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
-        _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
-        if "mulosd" in strategies and cfg.upsampler == "latent" and not m.up:
-            raise ConfigError("models.up", "backbone=llamagen_t2i needs an up-sampler trained on its VQ-16 codes "
-                                           "(models.up=DIR), or upsampler=pixel")
-        if "mulosd" in strategies and not m.down:
-            raise ConfigError("models.down", "backbone=llamagen_t2i needs a down-sampler trained on its VQ-16 codes "
-                                             "(models.down=DIR)")
-        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
-                    download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
-        s = t2i.sample
+        m, s = cfg.models, t2i.sample
         cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        extra = {}
         if "mulosd" in strategies:
-            extra = {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)),
-                     "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
-                     "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
-                     "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
-        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale, _warpers(cfg, s), **extra)
+            extra |= {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)),
+                      "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
+                      "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
+                      "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
+        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, _warpers(cfg, s),
+                   **extra)
 
     def backbone(self, which: str = "verifier", cfg_scale: float | None = None) -> ARBackbone:
         """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
@@ -152,16 +175,42 @@ class Pipeline:
                rounds: bool = False):
         """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i].
         `rounds`: keep each MuLo-SD round's masks and drafts in the trace (for acceptance maps)."""
+        if self.conditioner is not None:
+            self.conditioner.prepare(captions, cfg.seed, ids)
         common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
         if rounds:
             if strategy != "mulosd":
                 raise ValueError(f"only mulosd records rounds, not {strategy}")
             common["rounds"] = True
-        return STRATEGIES[strategy].decode(self, cfg, captions, common)
+        tokens, trace = STRATEGIES[strategy].decode(self, cfg, captions, common)
+        if self.conditioner is not None:
+            trace.stages |= self.conditioner.seconds
+        return tokens, trace
 
     def images(self, tokens: torch.Tensor) -> list[np.ndarray]:
         """Token grids [B, G, G] -> uint8 RGB images [H, W, 3]."""
         return tokens_to_images(self.tokenizer, tokens)
+
+
+def _require_samplers(cfg: DictConfig, strategies: set[str], backbone: str) -> None:
+    """A released backbone ships no samplers: MuLo-SD needs ones trained on its VQ-16 codes, given by path."""
+    if "mulosd" in strategies and cfg.upsampler == "latent" and not cfg.models.up:
+        raise ConfigError("models.up", f"backbone={backbone} needs an up-sampler trained on its VQ-16 codes "
+                                       "(models.up=DIR), or upsampler=pixel")
+    if "mulosd" in strategies and not cfg.models.down:
+        raise ConfigError("models.down", f"backbone={backbone} needs a down-sampler trained on its VQ-16 codes "
+                                         "(models.down=DIR)")
+
+
+def _read_ids(path: str) -> torch.Tensor:
+    """Saved TA-Tok ids: a tensor [n] (one set for every prompt) or [prompts, n], read weights-only."""
+    try:
+        ids = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"cannot read TA-Tok ids from {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(ids, torch.Tensor) or ids.dim() not in (1, 2) or ids.is_floating_point():
+        raise ValueError(f"{path} must hold an integer tensor [n] or [prompts, n] of TA-Tok ids")
+    return ids.long()
 
 
 def _upsampler(cfg: DictConfig, tokenizer, name, check_against, device: str = "cpu") -> Callable:

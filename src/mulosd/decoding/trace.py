@@ -39,6 +39,7 @@ class Trace:
     wall_s: float = 0.0
     rounds: list[Round] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # strategy-specific tallies (accepted, stale_kv, ...)
+    stages: dict[str, float] = field(default_factory=dict)  # seconds of work around the decode (Tar's LLM, ...)
     keep_rounds: bool = False  # record per-round masks in `rounds`
     _t0: float = field(default=0.0, repr=False)
     _backbones: dict = field(default_factory=dict, repr=False)  # name -> (backbone, calls, tokens_in) at start

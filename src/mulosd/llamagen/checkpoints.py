@@ -1,9 +1,10 @@
 """Finding, safely reading and caching LlamaGen's released checkpoints.
 
 The files (`vq_ds16_t2i.pt`, `t2i_XL_stage1_256.pt`, `t2i_XL_stage2_512.pt` from the Hugging Face repo
-peizesun/llamagen_t2i) are looked up in a local directory first, then fetched with `huggingface_hub` when the
-hub is reachable. A `.pt` is a pickle: it is read with `torch.load(weights_only=True)`, which refuses any
-object but tensors and plain containers, so a planted payload is never run. The converted weights are
+peizesun/llamagen_t2i; Tar's from csuhan/TA-Tok) are looked up in a local directory first, then in the standard
+Hugging Face cache, then fetched into that cache with `huggingface_hub` when the hub is reachable. A `.pt` is a
+pickle: it is read with `torch.load(weights_only=True)`, which refuses any object but tensors and plain
+containers, so a planted payload is never run. The converted weights are
 cached once as safetensors next to the file (keyed by its size and mtime); later loads read only that.
 """
 
@@ -27,22 +28,29 @@ class MissingCheckpoints(FileNotFoundError):
     pass
 
 
-def locate(files: list[str], directory: str | Path | None = None, download: bool = True) -> dict[str, Path]:
-    """file name -> local path; fetches what is missing from the hub when allowed and reachable. Anything
-    still missing is one error naming every missing file and where to put it."""
+def locate(files: list[str], directory: str | Path | None = None, download: bool = True,
+           repos: dict[str, str] | None = None, setting: str = "llamagen.ckpt_dir or $MULOSD_LLAMAGEN_DIR"
+           ) -> dict[str, Path]:
+    """file name -> local path: `directory` first, then the Hugging Face cache, then a download into that cache
+    when allowed and the hub is reachable. `repos` maps a file to its hub repository (default: LlamaGen's).
+    Anything still missing is one error naming every missing file, its repository and where to put it."""
     directory = Path(directory or DEFAULT_DIR).expanduser()
+    repos = repos or {}
     found = {f: directory / f for f in files if (directory / f).is_file()}
+    online = download and not os.environ.get("HF_HUB_OFFLINE")
+    reachable = None
+    for f in [f for f in files if f not in found]:
+        path = _from_hub(repos.get(f, HF_REPO), f, local_only=True)
+        if path is None and online:
+            reachable = _hub_reachable() if reachable is None else reachable
+            path = _from_hub(repos.get(f, HF_REPO), f, local_only=False) if reachable else None
+        if path is not None:
+            found[f] = path
     missing = [f for f in files if f not in found]
-    if missing and download and not os.environ.get("HF_HUB_OFFLINE") and _hub_reachable():
-        for f in list(missing):
-            path = _download(f, directory)
-            if path is not None:
-                found[f] = path
-                missing.remove(f)
     if missing:
-        raise MissingCheckpoints(f"missing LlamaGen checkpoint file(s) {', '.join(missing)}: download them from "
-                                 f"https://huggingface.co/{HF_REPO} into {directory} "
-                                 f"(or set llamagen.ckpt_dir or $MULOSD_LLAMAGEN_DIR)")
+        where = "; ".join(f"{f} from https://huggingface.co/{repos.get(f, HF_REPO)}" for f in missing)
+        raise MissingCheckpoints(f"missing checkpoint file(s) {', '.join(missing)}: download {where} into "
+                                 f"{directory} (or set {setting})")
     return found
 
 
@@ -57,12 +65,13 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _download(name: str, directory: Path) -> Path | None:
+def _from_hub(repo: str, name: str, local_only: bool) -> Path | None:
+    """The file from the standard Hugging Face cache (downloading it unless `local_only`), or None."""
     try:
         from huggingface_hub import hf_hub_download
 
-        return Path(hf_hub_download(HF_REPO, name, local_dir=directory, etag_timeout=10))
-    except Exception:  # offline, unreachable, no such file: reported with the others by locate()
+        return Path(hf_hub_download(repo, name, local_files_only=local_only, etag_timeout=10))
+    except Exception:  # not cached, offline, unreachable, no such file: reported with the others by locate()
         return None
 
 

@@ -33,7 +33,7 @@ class FlanT5Encoder:
                                      ) from None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            self.model = T5EncoderModel.from_pretrained(name_or_path, torch_dtype=dtype).to(device).eval()
+            self.model = T5EncoderModel.from_pretrained(name_or_path, dtype=dtype).to(device).eval()
         except OSError:
             raise MissingCheckpoints(f"missing the FLAN-T5-XL encoder {name_or_path!r}: not in the Hugging Face "
                                      f"cache and the hub is unreachable; give a local copy with llamagen.t5=DIR"
