@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The GPU check (issue 8), under 8 minutes on one GPU: the tests marked `gpu`, then the cost model of MuLo-SD
-# on randomly initialised LlamaGen-XL-shaped models (bf16): one AR step, one 1024-token verification forward,
-# and the loop against AR at forced acceptance rates -> docs/gpu_cost.{json,md}.
+# The GPU check, under 10 minutes on one GPU: the tests marked `gpu`, then the cost model of MuLo-SD on
+# randomly initialised models of the released backbones' shapes (bf16): LlamaGen-XL (512 px over 256 px) and
+# Tar's AR-DTok-LP (512 px, and 1024 px over 256 px): weights and KV cache per image, one AR step, one
+# whole-image verification forward, and the loop against AR at forced acceptance rates
+# -> docs/gpu_cost{,_tar512,_tar1024}.{json,md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-timeout 240 "$PY" -m pytest -q -m gpu tests/
-timeout 300 "$PY" -m mulosd.llamagen.costmodel --device cuda --dtype bfloat16 --out docs/gpu_cost
+timeout 200 "$PY" -m pytest -q -m gpu tests/
+timeout 180 "$PY" -m mulosd.llamagen.costmodel --device cuda --dtype bfloat16 --out docs/gpu_cost
+timeout 150 "$PY" -m mulosd.llamagen.costmodel --size tar512 --rates 0.97 --device cuda --out docs/gpu_cost_tar512
+timeout 60 "$PY" -m mulosd.llamagen.costmodel --size tar1024 --rates '' --device cuda --out docs/gpu_cost_tar1024

@@ -308,3 +308,17 @@ def test_offline_without_the_files_is_one_line_naming_every_missing_file(tmp_pat
         assert name in err, name
     assert cli_error("infer.py", ["backbone=tar", "r=4", "prompt=a cat"], tmp_path / "r", capsys) == 2
     assert "r: tar at 512 px over the 256 px drafter is r=2" in capsys.readouterr().err
+
+
+def test_the_gpu_cost_model_covers_tar_shapes_on_tiny_ones():
+    """scripts/gpu_check.sh measures AR-DTok-LP shapes at 512 and 1024 px; here the same harness, tiny."""
+    from mulosd.llamagen.costmodel import SIZES, _kv_bytes, _model, measure, table
+
+    m = measure("tar_tiny", "cpu", torch.float32, rates=(1.0,), cfg_scale=4.0)
+    assert m["r"] == 4 and m["mulosd"]["1.0"]["verifier_forwards"] == 1 + 2  # the prefix, one per low-res row
+    assert "| 100% |" in table(m) and m["memory_gb"]["verifier"]["kv_cache_per_image"] > 0
+    # the real shapes, weight-free: 2 (K, V) x 30 layers x (729 + 64^2) slots x 1280 x 2 bytes x 2 (CFG)
+    with torch.device("meta"):
+        lp = _model(SIZES["tar1024"], 64)
+    assert _kv_bytes(lp, torch.bfloat16) == 2 * 30 * (729 + 4096) * 1280 * 2 * 2
+    assert "s_ar" not in measure("tar_tiny", "cpu", torch.float32, rates=())

@@ -1,14 +1,18 @@
-"""The GPU cost model of MuLo-SD on LlamaGen-XL shapes, without weights.
+"""The GPU cost model of MuLo-SD on the released backbones' shapes, without weights.
 
-Randomly initialised GPT-XL verifier (512 px, 32x32 tokens) and drafter (256 px, 16x16), 120 caption slots,
-16384 codes, in bf16; random latent samplers on a random normalised codebook. Measured at batch 1 with CFG:
+Randomly initialised models in bf16, random latent samplers on a random normalised codebook:
+- `xl`: LlamaGen GPT-XL verifier (512 px, 32x32 tokens) and drafter (256 px, 16x16), 120 caption slots;
+- `tar512` / `tar1024`: Tar's AR-DTok-LP verifier (512 px, 32x32; 1024 px, 64x64) over the 256 px drafter,
+  729 TA-Tok feature slots (r = 2 and 4);
+16384 VQ-16 codes throughout. Besides the weights and the KV cache per image (with CFG), measured at batch 1:
 - one AR step (one token against a half-full KV cache);
-- one 1024-token verification forward (the whole image at once);
+- one whole-image verification forward;
 - decoding one image with `ar` and with `mulosd` (r = 2) at forced acceptance rates: the acceptance test is
   replaced by a coin per drafted token (rate 1.0, 0.97, 0.9), so rejection islands fall at random. The
   speed-up at a rate is what the loop's structure allows when the verifier accepts that share of the draft.
 
     python -m mulosd.llamagen.costmodel --device cuda --out docs/gpu_cost   # -> .json + .md
+    python -m mulosd.llamagen.costmodel --size tar1024 --rates ''           # steps and memory only
     python -m mulosd.llamagen.costmodel --size tiny                          # the harness itself, on CPU
 
 Random weights make the verifier's distribution flat, so sampled tokens and resampling lengths differ from a
@@ -30,9 +34,18 @@ from ..decoding import MuLoSDConfig, decode_ar, decode_mulosd
 from ..samplers import LatentDownsampler, LatentUpsampler
 from .gpt import CAPTION_DIM, CAPTION_SLOTS, VOCAB, gpt_config
 
-# grid: the verifier's tokens per side (the drafter's is half); "tiny" exercises the harness in the test suite
-SIZES = {"xl": dict(size="GPT-XL", grid=32, vocab=VOCAB, slots=CAPTION_SLOTS, caption=CAPTION_DIM, width=256, depth=4),
-         "tiny": dict(size=(1, 2, 64), grid=8, vocab=512, slots=8, caption=32, width=16, depth=1)}
+# grid / low: the verifier's and the drafter's tokens per side; slots and caption: the condition prefix;
+# "tiny" and "tar_tiny" exercise the harness in the test suite
+SIZES = {"xl": dict(kind="llamagen", size="GPT-XL", grid=32, low=16, vocab=VOCAB, slots=CAPTION_SLOTS,
+                    caption=CAPTION_DIM, width=256, depth=4),
+         "tar512": dict(kind="tar", size="llama-abs-LP", grid=32, low=16, vocab=VOCAB, slots=729, caption=1152,
+                        width=256, depth=4),
+         "tar1024": dict(kind="tar", size="llama-abs-LP", grid=64, low=16, vocab=VOCAB, slots=729, caption=1152,
+                         width=256, depth=4),
+         "tiny": dict(kind="llamagen", size=(1, 2, 64), grid=8, low=4, vocab=512, slots=8, caption=32, width=16,
+                      depth=1),
+         "tar_tiny": dict(kind="tar", size=(1, 2, 64), grid=8, low=2, vocab=512, slots=9, caption=32, width=16,
+                          depth=1)}
 RATES = (1.0, 0.97, 0.9)
 
 
@@ -80,14 +93,12 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     s = SIZES[size]
     dev = torch.device(device)
     torch.manual_seed(0)
-    make = lambda grid: Transformer(gpt_config(s["size"], grid, vocab_size=s["vocab"], prefix=s["slots"],  # noqa: E731
-                                               caption_dim=s["caption"])).to(dev, dtype).eval()
-    G, N = s["grid"], s["grid"] ** 2
-    verifier, drafter = make(G), make(G // 2)
+    G, N, r = s["grid"], s["grid"] ** 2, s["grid"] // s["low"]
+    verifier, drafter = (_model(s, grid).to(dev, dtype).eval() for grid in (G, s["low"]))
     captions = RandomCaptions(s["slots"], s["caption"], dev)
     codebook = torch.nn.functional.normalize(torch.randn(s["vocab"], 8), dim=-1)
-    up = LatentUpsampler(codebook, 2, s["width"], s["depth"], head="latent").to(dev).eval()
-    down = LatentDownsampler(codebook, 2, s["width"], s["depth"]).to(dev).eval()
+    up = LatentUpsampler(codebook, r, s["width"], s["depth"], head="latent").to(dev).eval()
+    down = LatentDownsampler(codebook, r, s["width"], s["depth"]).to(dev).eval()
     neighbours = torch.zeros(s["vocab"], 1, dtype=torch.long, device=dev)  # unused: acceptance is forced
     warpers = Warpers(1.0, 1000, 1.0)
     bb = lambda m: ARBackbone(m, captions, cfg_scale)  # noqa: E731
@@ -95,7 +106,10 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     host = platform.processor() or platform.machine()
     out = {"size": size, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({host})",
            "dtype": str(dtype).removeprefix("torch."), "batch": 1, "cfg_scale": cfg_scale, "tokens": N,
-           "params_verifier_M": sum(p.numel() for p in verifier.parameters()) / 1e6}
+           "r": r, "params_verifier_M": sum(p.numel() for p in verifier.parameters()) / 1e6,
+           "memory_gb": {name: {"weights": _bytes(m.parameters()) / 1e9,
+                                "kv_cache_per_image": _kv_bytes(m, dtype) / 1e9}
+                         for name, m in (("verifier", verifier), ("drafter", drafter))}}
     with torch.no_grad():
         v = bb(verifier)
         v.start(prompt)
@@ -112,9 +126,11 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
 
         out["ms_ar_step"] = 1e3 * _timed(one_step, dev)
         out["ms_verify_all"] = 1e3 * _timed(verify_all, dev)
+        out["mulosd"] = {}
+        if not rates:  # steps and memory only (a 1024 px AR decode is minutes of eager steps)
+            return out
         ar_s = _timed(lambda: decode_ar(bb(verifier), prompt, warpers=warpers), dev, repeats=1)
         out["s_ar"] = ar_s
-        out["mulosd"] = {}
         for rate in rates:
             traces = []
 
@@ -130,17 +146,46 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     return out
 
 
+def _model(s: dict, grid: int) -> Transformer:
+    """A randomly initialised verifier or drafter of the size's backbone at a token grid."""
+    if s["kind"] == "tar":
+        from ..tar.ar_dtok import ardtok_config
+
+        args = {"max_seq_len": grid * grid, "cls_token_num": s["slots"], "vocab_size": s["vocab"],
+                "cond_dim": s["caption"]}
+        return Transformer(ardtok_config(args, s["size"]))
+    return Transformer(gpt_config(s["size"], grid, vocab_size=s["vocab"], prefix=s["slots"], caption_dim=s["caption"]))
+
+
+def _bytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def _kv_bytes(model: Transformer, dtype: torch.dtype, guided: bool = True) -> int:
+    """Keys and values of every layer for one image's slots (prefix + grid), doubled by CFG's null rows."""
+    c = model.cfg
+    return 2 * c.layers * c.slots * c.dim * torch.finfo(dtype).bits // 8 * (2 if guided else 1)
+
+
 def table(m: dict) -> str:
-    shape = "LlamaGen-XL-shaped" if m["size"] == "xl" else f"{m['size']}"
+    names = {"xl": "LlamaGen-XL-shaped", "tar512": "Tar AR-DTok-LP-shaped", "tar1024": "Tar AR-DTok-LP-shaped"}
     G = round(m["tokens"] ** 0.5)
-    lines = [f"{shape} random models (r = 2, {G // 2}x{G // 2} -> {G}x{G} tokens) on {m['device']}, {m['dtype']}, "
-             f"batch {m['batch']}, CFG {m['cfg_scale']} (verifier {m['params_verifier_M']:.0f}M parameters)", "",
+    g = G // m["r"]
+    mem = m["memory_gb"]
+    lines = [f"{names.get(m['size'], m['size'])} random models (r = {m['r']}, {g}x{g} -> {G}x{G} tokens) on "
+             f"{m['device']}, {m['dtype']}, batch {m['batch']}, CFG {m['cfg_scale']} (verifier "
+             f"{m['params_verifier_M']:.0f}M parameters)", "",
+             f"- memory: verifier weights {mem['verifier']['weights']:.2f} GB + KV cache "
+             f"{mem['verifier']['kv_cache_per_image']:.2f} GB per image; drafter {mem['drafter']['weights']:.2f} GB + "
+             f"{mem['drafter']['kv_cache_per_image']:.2f} GB per image (with CFG)",
              f"- one AR step (half-full cache): {m['ms_ar_step']:.2f} ms",
              f"- one {m['tokens']}-token verification forward: {m['ms_verify_all']:.1f} ms "
-             f"({m['ms_verify_all'] / m['ms_ar_step']:.1f} AR steps)",
-             f"- plain AR, one image: {m['s_ar']:.2f} s", "",
-             "| forced acceptance | MuLo-SD s | speed-up vs AR | sequential steps | verifier forwards | resampled |",
-             "|---|---|---|---|---|---|"]
+             f"({m['ms_verify_all'] / m['ms_ar_step']:.1f} AR steps)"]
+    if "s_ar" not in m:
+        return "\n".join(lines) + "\n"
+    lines += [f"- plain AR, one image: {m['s_ar']:.2f} s", "",
+              "| forced acceptance | MuLo-SD s | speed-up vs AR | sequential steps | verifier forwards | resampled |",
+              "|---|---|---|---|---|---|"]
     for rate, r in m["mulosd"].items():
         lines.append(f"| {float(rate):.0%} | {r['s']:.2f} | {r['speedup']:.2f}x | {r['steps']} | "
                      f"{r['verifier_forwards']} | {r['resampled']}/{r['drafted']} |")
@@ -152,9 +197,14 @@ def main(argv=None) -> int:
     ap.add_argument("--size", choices=sorted(SIZES), default="xl")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--rates", default=",".join(map(str, RATES)),
+                    help="forced acceptance rates of the MuLo-SD decodes, comma-separated; '' = steps and memory only")
+    ap.add_argument("--cfg-scale", type=float, default=None, help="default: the backbone's (7.5 LlamaGen, 4 Tar)")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
-    m = measure(args.size, args.device, getattr(torch, args.dtype))
+    rates = tuple(float(x) for x in args.rates.split(",") if x.strip())
+    cfg_scale = args.cfg_scale or (4.0 if SIZES[args.size]["kind"] == "tar" else 7.5)
+    m = measure(args.size, args.device, getattr(torch, args.dtype), rates, cfg_scale)
     text = table(m)
     print(text)
     if args.out:
