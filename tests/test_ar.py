@@ -145,6 +145,8 @@ def test_warpers():
     full = logits.softmax(-1)
     assert (p > 0).sum() == 2 and full[0, 0, :1].sum() < 0.8 <= full[0, 0, :2].sum()
     assert torch.allclose(p.sum(-1), torch.ones(1, 1, dtype=p.dtype))
+    # upstream's cut (LlamaGen, Tar): a token goes when the mass before it exceeds top_p; at exactly top_p it stays
+    assert (warp(torch.zeros(1, 1, 4), Warpers(top_p=0.5)).exp() > 0).sum() == 3
     greedy = warp(logits, Warpers(temperature=0)).exp()
     assert greedy[0, 0, 0] == 1 and greedy.sum() == 1
     for bad in ({"temperature": -1}, {"top_k": -1}, {"top_p": 0.0}, {"top_p": 1.5}):

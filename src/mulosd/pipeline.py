@@ -13,6 +13,7 @@ generate.py, bench.py, the notebook and the tests all go through it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ from .decoding import (
     from_config,
 )
 from .tokenizer import tokens_to_images
+
+log = logging.getLogger(__name__)
 
 
 def _load(key: str, fn, *args, **kw):
@@ -157,13 +160,16 @@ class Pipeline:
 
         m, s = cfg.models, t2i.sample
         cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        warpers = _warpers(cfg, s)
+        if warpers.temperature == 0:
+            log.warning(f"temperature=0 (greedy) with {cfg.backbone}: greedy decoding is known to ruin its 512 px "
+                        "images (repeated textures); its own default is temperature 1")
         if "mulosd" in strategies:
             extra |= {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)),
                       "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
                       "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
-        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, _warpers(cfg, s),
-                   **extra)
+        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, warpers, **extra)
 
     def backbone(self, which: str = "verifier", cfg_scale: float | None = None) -> ARBackbone:
         """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""

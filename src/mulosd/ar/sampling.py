@@ -40,8 +40,9 @@ def warp(logits: torch.Tensor, w: Warpers) -> torch.Tensor:
     if w.top_p < 1:
         sorted_logits, order = logits.sort(-1, descending=True)
         cum = sorted_logits.softmax(-1).cumsum(-1)
-        # drop a token when the mass before it already reaches top_p (the top token always stays)
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= w.top_p
+        # drop a token when the mass before it already exceeds top_p, as LlamaGen's and Tar's samplers cut (the
+        # top token always stays)
+        drop_sorted = (cum - sorted_logits.softmax(-1)) > w.top_p
         logits = logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), -torch.inf)
     return logits.log_softmax(-1)
 

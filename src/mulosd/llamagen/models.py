@@ -53,7 +53,7 @@ def load_llamagen(ckpt_dir: str | Path | None = None, drafter: bool = True, t5: 
     if encoder is None:
         from .t5 import T5_NAME, FlanT5Encoder
 
-        encoder = FlanT5Encoder(t5 or T5_NAME, device=device)
+        encoder = FlanT5Encoder(t5 or T5_NAME, device=device, dtype=dtype)
     move = lambda m: m.to(device=device, dtype=dtype)  # noqa: E731
     gpt_config = gpt_config or {}
     t2i = LlamaGenT2I(tokenizer=load_vq(files[VQ_FILE], vq).to(device),

@@ -1,11 +1,13 @@
-"""FLAN-T5-XL captions for LlamaGen T2I, as upstream feeds them: 120 tokens, features [B, 120, 2048], left
-padded (the valid tokens moved to the end, padding zeroed) with the mask that keeps padding out of attention.
+"""FLAN-T5-XL captions for LlamaGen T2I, as upstream feeds them: the caption cleaned twice (captions.py), 120
+tokens, T5 in the run's precision (bf16 by default, as upstream samples), features [B, 120, 2048], left padded
+(the valid tokens moved to the end, padding zeroed) with the mask that keeps padding out of attention.
 Needs `transformers` (+ sentencepiece) and the weights, local or from the hub; otherwise one error line."""
 
 from __future__ import annotations
 
 import torch
 
+from .captions import preprocess
 from .checkpoints import MissingCheckpoints
 
 T5_NAME, T5_SLOTS = "google/flan-t5-xl", 120
@@ -42,7 +44,7 @@ class FlanT5Encoder:
 
     @torch.no_grad()
     def __call__(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        tok = self.tokenizer(captions, max_length=T5_SLOTS, padding="max_length", truncation=True,
-                             return_tensors="pt").to(self.device)
+        tok = self.tokenizer([preprocess(c) for c in captions], max_length=T5_SLOTS, padding="max_length",
+                             truncation=True, return_tensors="pt").to(self.device)
         feats = self.model(input_ids=tok.input_ids, attention_mask=tok.attention_mask).last_hidden_state
         return left_pad(feats.float(), tok.attention_mask.bool())
