@@ -243,7 +243,7 @@ def _tar_samplers(d):
     save(LatentDownsampler(codebook, 2, 16, 1), "sampler", d / "down", recipe="test", stage="token_ce")
 
 
-def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, tmp_path):
+def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, tmp_path, caplog):
     from mulosd import tar
     from mulosd.pipeline import Pipeline
 
@@ -268,6 +268,13 @@ def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, 
     alone = pipe.conditioner.features[0]
     pipe.conditioner.prepare(captions, cfg.seed, ids)
     assert torch.equal(alone, pipe.conditioner.features[1])
+    # infer.py end to end: images, the acceptance maps, and each stage's time on its own line
+    from mulosd.inference import run
+
+    with caplog.at_level("INFO", logger="mulosd.inference"):
+        result = run(compose_config("infer", common + ["prompts=[a red cat,a dog]", "batch_size=2"]), tmp_path / "run")
+    assert len(result["images"]) == 2 and (tmp_path / "run" / "acceptance_000.png").is_file()
+    assert "tar stages: llm " in caplog.text and "vq_decode" in caplog.text
     # saved TA-Tok ids skip the LLM (the LLM path is not even looked at)
     torch.save(torch.randint(0, TA_CODES, (81,)), tmp_path / "ids.pt")
     cfg = compose_config("infer", [c for c in common if not c.startswith("tar.llm")]
