@@ -31,12 +31,17 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     for name in ("fid", "clip", "hpsv2"):  # offline: each skipped with one line naming what is missing
         assert len([line for line in r.stdout.splitlines() if line.startswith(f"metric {name} skipped: ")]) == 1
     table = (tmp_path / "results.md").read_text()
-    for method in ("ar", "zipar", "sd", "lantern", "mulosd_r2_tau0_l1_zip", "mulosd_r2_tau1_l1_zip",
+    for method in ("ar", "zipar", "sd", "lantern", "sjd", "mulosd_r2_tau0_l1_zip", "mulosd_r2_tau1_l1_zip",
                    "mulosd_r2_tau0_l1_round", "mulosd_r2_tau1_l1_round"):
         assert f"| {method} |" in table, method
-    assert (tmp_path / "results.csv").read_text().count("\n") == 9 and (tmp_path / "speedup.png").is_file()
+    assert (tmp_path / "results.csv").read_text().count("\n") == 10 and (tmp_path / "speedup.png").is_file()
+    assert "torch " in table.splitlines()[0] and "threads" in table.splitlines()[0]  # where it ran
     cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(cells) == 8 * 2
+    assert len(cells) == 9 * 2
+    # hardware-independent counters in every cell: ar makes one token per verifier forward and image
+    ar = next(c for c in cells if c["point"] == "ar")
+    assert ar["counters"]["tokens_per_verifier_forward"] == 1 and ar["counters"]["accepted_per_verification"] == 0
+    assert all(c["counters"]["sequential_steps"] == c["steps"] for c in cells)
     # each variant decoded with its own settings: everything rejected (tau 1), ZipAR within the islands takes
     # fewer verifier forwards than raster resampling
     forwards = {c["point"]: c["forwards"]["verifier"] for c in cells if c["start"] == 0}
@@ -48,7 +53,7 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     r = _bench(tiny_zoo, tmp_path, *variants)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(again) == 16 and {(c["point"], c["start"]) for c in again[:13]} == kept
+    assert len(again) == 18 and {(c["point"], c["start"]) for c in again[:15]} == kept
 
 
 @pytest.mark.parametrize("override, key", [

@@ -110,7 +110,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             for j, image in enumerate(pipes[key].images(tokens)):
                 Image.fromarray(image).save(folder / f"{start + j:04d}.png")
             cell = {"point": point.name, "start": start, "n": len(chunk), "wall_s": trace.wall_s,
-                    "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts}
+                    "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts,
+                    "counters": trace.counters()}
             with cells_path.open("a") as f:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
@@ -138,6 +139,9 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
+               # hardware-independent: per image, over the whole run (cells written before they existed: blank)
+               **{k: sum(c["counters"][k] for c in cells) / len(cells) if all("counters" in c for c in cells) else ""
+                  for k in ("tokens_per_verifier_forward", "accepted_per_verification")},
                "geneval": score["geneval"], "passed": score["passed"], "categories": score["categories"]}
         if cfg.fd:
             row["fd_vgg"] = frechet_distance(vgg_features(images), reference_features)
@@ -160,6 +164,21 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     return {"rows": rows, "line": line}
 
 
+def hardware(icfg: DictConfig) -> str:
+    """Where a measurement ran: the processor or GPU, threads, the models' dtype and library versions."""
+    import platform
+
+    import lightning
+
+    dtype = {"llamagen_t2i": icfg.llamagen.dtype, "tar": icfg.tar.dtype}.get(icfg.backbone, "float32")
+    if icfg.device == "cuda" and torch.cuda.is_available():
+        where = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    else:
+        where = f"CPU {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return (f"{where}, {dtype}, torch {torch.__version__}, lightning {lightning.__version__}, "
+            f"python {platform.python_version()}")
+
+
 def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
     keys = list(rows[0])
     with (out / "results.csv").open("w", newline="") as f:
@@ -167,15 +186,17 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
         w.writeheader()
         w.writerows(rows)
     fd = "fd_vgg" in rows[0]
-    lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}, "
-             f"{torch.get_num_threads()} CPU threads; speed-up = wall-clock of ar / of the method, same run", "",
-             "| method | speed-up | sequential steps | verifier forwards | drafter forwards | GenEval | "
-             "GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""), "|---|---|---|---|---|---|---|"
-             + ("---|" if fd else "")]
+    lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}; "
+             f"{hardware(cfg.infer)}; speed-up = wall-clock of ar / of the method, same run", "",
+             "| method | speed-up | sequential steps | verifier forwards | tokens per verifier forward | "
+             "drafter forwards | GenEval | GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""),
+             "|---|---|---|---|---|---|---|---|" + ("---|" if fd else "")]
     for r in rows:
+        per = r["tokens_per_verifier_forward"]
         lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {r['verifier_forwards']:.0f} | "
-                     f"{r['drafter_forwards']:.0f} | {r['geneval']:.3f} | {r['geneval_vs_ar']:+.3f} ± "
-                     f"{r['geneval_vs_ar_ci95']:.3f} |" + (f" {r['fd_vgg']:.2f} |" if fd else ""))
+                     f"{per if per == '' else f'{per:.2f}'} | {r['drafter_forwards']:.0f} | {r['geneval']:.3f} | "
+                     f"{r['geneval_vs_ar']:+.3f} ± {r['geneval_vs_ar_ci95']:.3f} |"
+                     + (f" {r['fd_vgg']:.2f} |" if fd else ""))
     (out / "results.md").write_text("\n".join(lines) + "\n")
     log.info("\n".join(lines))
     _plot(out, rows, fd)

@@ -269,7 +269,7 @@ class InferConfig:
     prompt_file: str | None = None  # one caption per line; used instead of both when given
     seed: int = 0
     batch_size: int = 8
-    decoding: str = "mulosd"  # mulosd | ar | zipar | sd | lantern | reference
+    decoding: str = "mulosd"  # mulosd | ar | zipar | sd | lantern | sjd | reference
     compare: bool = False  # also decode with ar from the same seed: speed-up and both judge results
     compare_repeats: int = 3  # compare=true: timed runs of each, interleaved after a warm-up; the median ratio
     out_dir: str | None = None  # default: Hydra's run directory
@@ -309,6 +309,7 @@ class InferConfig:
     lantern_k: int = 64
     lantern_delta: float = 0.2
     window: int = 4  # zipar
+    sjd_window: int = 16  # sjd: positions drafted and verified per forward
     models: InferModelsConfig = field(default_factory=InferModelsConfig)
     llamagen: LlamaGenConfig = field(default_factory=LlamaGenConfig)
     tar: TarConfig = field(default_factory=TarConfig)
@@ -322,7 +323,7 @@ class BenchConfig:
     prompt_seed: int = 4242  # the fixed held-out prompt set (mulosd.eval.prompt_set)
     seed: int = 0
     batch_size: int = 1  # latency as the paper measures it; larger batches work too
-    strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "mulosd"])  # + ar, always
+    strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "sjd", "mulosd"])  # + ar
     rs: list[int] = field(default_factory=lambda: [2, 4])
     taus: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
     radii: list[int] = field(default_factory=lambda: [0, 1])
@@ -490,14 +491,14 @@ def validate_infer(cfg: DictConfig) -> None:
     _require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
     _one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
     _require(cfg.backbone != "llamagen_t2i" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
-             "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar or mulosd "
-             "(no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
+             "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar, sjd or "
+             "mulosd (no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
     _one_of(cfg.tar.dtype, ("float32", "bfloat16"), "tar.dtype")
     _one_of(cfg.tar.resolution, (512, 1024), "tar.resolution")
     _one_of(cfg.tar.scale, (0, 1, 2), "tar.scale")
     if cfg.backbone == "tar":
         _require(cfg.decoding not in ("sd", "lantern", "reference"), "decoding",
-                 "tar decodes with ar, zipar or mulosd (no same-resolution AR-DTok drafter is released)")
+                 "tar decodes with ar, zipar, sjd or mulosd (no same-resolution AR-DTok drafter is released)")
         _require(cfg.r == cfg.tar.resolution // 256, "r", f"tar at {cfg.tar.resolution} px over the 256 px drafter "
                  f"is r={cfg.tar.resolution // 256}, got r={cfg.r}")
     _require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")

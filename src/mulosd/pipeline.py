@@ -27,10 +27,12 @@ from .decoding import (
     STRATEGY_CONFIGS,
     MuLoSDConfig,
     SDConfig,
+    SJDConfig,
     ZipARConfig,
     decode_ar,
     decode_mulosd,
     decode_sd,
+    decode_sjd,
     decode_zipar,
     from_config,
 )
@@ -268,6 +270,10 @@ STRATEGIES: dict[str, Strategy] = {
     # sd / lantern: draft windows, a bound (a window commits at least one token)
     "sd": Strategy(_decode_sd("exact"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
     "lantern": Strategy(_decode_sd("lantern"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
+    # sjd: Jacobi iterations, a bound (each commits at least one token)
+    "sjd": Strategy(lambda p, cfg, captions, common: decode_sjd(p.backbone(), captions, from_config(SJDConfig, cfg),
+                                                                 **common),
+                    units=lambda cfg, G: G * G, config=SJDConfig),
     "mulosd": Strategy(_decode_mulosd, units=lambda cfg, G: G // cfg.r // cfg.draft_rows, config=MuLoSDConfig,
                        drafts_with="drafter"),
 }

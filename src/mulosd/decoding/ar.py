@@ -17,7 +17,7 @@ def decode_ar(backbone: ARBackbone, captions: list[str], seed: int = 0, warpers:
     B, g = len(captions), backbone.grid
     warpers = warpers or Warpers()
     ids = torch.arange(B) if image_ids is None else image_ids
-    trace = Trace("ar").start(verifier=backbone)
+    trace = Trace("ar", images=B, tokens=B * g * g).start(verifier=backbone)
     logits = backbone.start(captions)
     tokens = torch.empty(B, g * g, dtype=torch.long, device=logits.device)
     for i in range(g * g):

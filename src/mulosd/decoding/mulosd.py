@@ -166,7 +166,9 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
     acceptance rates with it). `rounds`: keep every round's masks and drafts in the trace (for pictures)."""
     run = _MuLoSD(verifier, drafter, up, down, len(captions), Pool(neighbours, cfg.pool_k), cfg, seed,
                   warpers or Warpers(), image_ids, accept)
-    run.trace = trace = Trace("mulosd", keep_rounds=rounds).start(*TALLIES, verifier=verifier, drafter=drafter)
+    B = len(captions)
+    run.trace = trace = Trace("mulosd", keep_rounds=rounds, images=B, tokens=B * verifier.grid ** 2).start(
+        *TALLIES, verifier=verifier, drafter=drafter)
     run.begin(captions)
     for block in run.blocks():
         run.draft(block)  # 1

@@ -60,7 +60,9 @@ def decode_sd(verifier: ARBackbone, drafter: ARBackbone, captions: list[str], cf
     if cfg.acceptance == "lantern" and neighbours is None:
         raise ValueError("lantern acceptance needs the codebook neighbour table")
     run = _SD(verifier, drafter, len(captions), cfg, seed, warpers or Warpers(), image_ids, neighbours)
-    run.trace = trace = Trace(f"sd_{cfg.acceptance}").start("drafted", "accepted", verifier=verifier, drafter=drafter)
+    B = len(captions)
+    run.trace = trace = Trace(f"sd_{cfg.acceptance}", images=B, tokens=B * run.N).start(
+        "drafted", "accepted", verifier=verifier, drafter=drafter)
     run.begin(captions)
     while min(run.n) < run.N:
         lengths = [min(cfg.gamma, run.N - n) for n in run.n]  # an image near the end drafts fewer

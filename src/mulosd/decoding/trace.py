@@ -41,6 +41,8 @@ class Trace:
     counts: dict[str, int] = field(default_factory=dict)  # strategy-specific tallies (accepted, stale_kv, ...)
     stages: dict[str, float] = field(default_factory=dict)  # seconds of work around the decode (Tar's LLM, ...)
     keep_rounds: bool = False  # record per-round masks in `rounds`
+    images: int = 0  # images decoded
+    tokens: int = 0  # tokens generated, all images together
     _t0: float = field(default=0.0, repr=False)
     _backbones: dict = field(default_factory=dict, repr=False)  # name -> (backbone, calls, tokens_in) at start
 
@@ -69,7 +71,17 @@ class Trace:
         self.counts = {k: int(v) for k, v in self.counts.items()}
         return self
 
+    def counters(self) -> dict[str, float]:
+        """Hardware-independent counters, per image: verifier forwards, tokens per verifier forward, sequential
+        steps, and mean drafts accepted per verifier forward (0 for strategies that draft nothing)."""
+        v, n = self.forwards.get("verifier", 0), max(self.images, 1)
+        return {"verifier_forwards": v, "tokens_per_verifier_forward": self.tokens / n / v if v else 0.0,
+                "sequential_steps": self.steps, "accepted_per_verification": self.counts.get("accepted", 0) / n / v
+                if v else 0.0}
+
     def summary(self) -> str:
         fw = ", ".join(f"{k} {v}" for k, v in self.forwards.items())
         extra = "".join(f", {k} {v}" for k, v in self.counts.items())
-        return f"{self.strategy}: {self.steps} sequential steps, forwards [{fw}], {self.wall_s:.2f} s{extra}"
+        c = self.counters()
+        return (f"{self.strategy}: {self.steps} sequential steps, forwards [{fw}], "
+                f"{c['tokens_per_verifier_forward']:.2f} tokens per verifier forward, {self.wall_s:.2f} s{extra}")

@@ -37,7 +37,7 @@ def decode_zipar(backbone: ARBackbone, captions: list[str], window: int = 4, see
     B = len(captions)
     device = backbone.device
     ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
-    trace = Trace(f"zipar{window}").start("provisional_kv", verifier=backbone)
+    trace = Trace(f"zipar{window}", images=B, tokens=B * W * W).start("provisional_kv", verifier=backbone)
     tokens = torch.zeros(B, W * W, dtype=torch.long, device=device)
     first = backbone.start(captions)
 
