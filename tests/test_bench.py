@@ -87,3 +87,20 @@ def test_zipar_is_measured_at_each_window_of_the_grid():
     assert set(points) == {"ar", "zipar_s1", "zipar_s3", "sd"}
     assert _infer_cfg(cfg, points["zipar_s3"]).window == 3 and _infer_cfg(cfg, points["sd"]).window == cfg.infer.window
     assert {p.name for p in grid(compose_config("bench", ["strategies=[zipar]"]))} == {"ar", "zipar"}
+
+
+def test_throughput_mode_reports_images_per_second_at_each_batch(tiny_zoo, tmp_path):
+    from mulosd.bench import run
+
+    cfg = compose_config("bench", [f"infer.models.tokenizer={tiny_zoo / 'tok'}",
+                                   f"infer.models.verifier={tiny_zoo / 'ar128'}",
+                                   f"infer.models.drafter={tiny_zoo / 'ar64'}", f"infer.models.up={tiny_zoo / 'up'}",
+                                   f"infer.models.down={tiny_zoo / 'down'}", f"out_dir={tmp_path}", "n_prompts=4",
+                                   "mode=throughput", "throughput_batches=[1,4]", "strategies=[sjd,mulosd]",
+                                   "rs=[2]", "taus=[0.5]", "radii=[1]"])
+    rows = run(cfg, tmp_path)["rows"]
+    assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 4)
+                                                         for m in ("ar", "sjd", "mulosd_r2_tau0.5_l1")]
+    assert all(r["images_per_s"] > 0 for r in rows) and all(r["vs_ar"] == 1 for r in rows if r["method"] == "ar")
+    table = (tmp_path / "throughput.md").read_text()
+    assert "| sjd | " in table and "batch 4: images/s (vs ar)" in table

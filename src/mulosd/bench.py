@@ -28,7 +28,7 @@ from .eval import geneval_score, paired_difference, prompt_set, reference_render
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("zipar", "sd", "lantern")
+BASELINES = ("zipar", "sd", "lantern", "sjd")
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     out = Path(cfg.out_dir) if cfg.out_dir else run_dir
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_set(cfg.n_prompts, seed=cfg.prompt_seed)
+    if cfg.mode == "throughput":
+        return throughput(cfg, out, prompts)
     points = grid(cfg)
     cells_path = out / "cells.jsonl"
     done = {}
@@ -117,6 +119,50 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             done[(point.name, start)] = cell
             bar.update(1)
     return summarise(cfg, out, prompts, points, done)
+
+
+def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
+    """mode=throughput: images per second of every point at each of `throughput_batches`, all prompts decoded
+    in batches of that size, the points interleaved batch by batch after an untimed warm-up batch each. An
+    image is the same alone and in a batch (every strategy keys its noise and acceptance per image), so the
+    latency run's quality holds at every batch size; only time changes."""
+    from .pipeline import Pipeline
+
+    points = grid(cfg)
+    pipes: dict = {}
+    rows = []
+    for size in cfg.throughput_batches:
+        seconds = dict.fromkeys((p.name for p in points), 0.0)
+        starts = list(range(0, len(prompts), size))
+        for start in [None, *starts]:  # None: the warm-up batch
+            for point in points:
+                icfg = _infer_cfg(cfg, point)
+                icfg.batch_size = size
+                key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
+                if key not in pipes:
+                    pipes[key] = Pipeline.from_config(icfg, {"ar", *cfg.strategies})
+                chunk = prompts[start or 0:(start or 0) + size]
+                _, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(len(chunk)) + (start or 0))
+                if start is not None:
+                    seconds[point.name] += trace.wall_s
+        ar = len(prompts) / seconds["ar"]
+        rows += [{"method": p.name, "batch": size, "images_per_s": len(prompts) / seconds[p.name],
+                  "vs_ar": len(prompts) / seconds[p.name] / ar} for p in points]
+    lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}; {hardware(cfg.infer)}; "
+             "images/s over all prompts, points interleaved batch by batch", "",
+             "| method | " + " | ".join(f"batch {b}: images/s (vs ar)" for b in cfg.throughput_batches) + " |",
+             "|---|" + "---|" * len(cfg.throughput_batches)]
+    for p in points:
+        cells = [r for r in rows if r["method"] == p.name]
+        lines.append(f"| {p.name} | " + " | ".join(f"{r['images_per_s']:.2f} ({r['vs_ar']:.2f}x)" for r in cells)
+                     + " |")
+    with (out / "throughput.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    (out / "throughput.md").write_text("\n".join(lines) + "\n")
+    log.info("\n".join(lines))
+    return {"rows": rows}
 
 
 def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point], done: dict) -> dict:

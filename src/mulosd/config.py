@@ -322,7 +322,9 @@ class BenchConfig:
     n_prompts: int = 64
     prompt_seed: int = 4242  # the fixed held-out prompt set (mulosd.eval.prompt_set)
     seed: int = 0
+    mode: str = "latency"  # latency: the table against ar at batch_size | throughput: images/s at each batch
     batch_size: int = 1  # latency as the paper measures it; larger batches work too
+    throughput_batches: list[int] = field(default_factory=lambda: [1, 8, 32])  # mode=throughput
     strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "sjd", "mulosd"])  # + ar
     rs: list[int] = field(default_factory=lambda: [2, 4])
     taus: list[float] = field(default_factory=lambda: [0.05, 0.1, 0.2, 0.4])
@@ -530,6 +532,9 @@ def validate_bench(cfg: DictConfig) -> None:
     for key in ("seed", "prompt_seed"):
         _require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     _require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    _one_of(cfg.mode, ("latency", "throughput"), "mode")
+    _require(len(cfg.throughput_batches) > 0 and all(b >= 1 for b in cfg.throughput_batches), "throughput_batches",
+             f"must be batch sizes >= 1, got {list(cfg.throughput_batches)}")
     for s in cfg.strategies:
         _one_of(s, tuple(n for n in STRATEGY_NAMES if n != "ar"), "strategies")  # ar is always measured
     for r in cfg.rs:
