@@ -104,3 +104,17 @@ def test_throughput_mode_reports_images_per_second_at_each_batch(tiny_zoo, tmp_p
     assert all(r["images_per_s"] > 0 for r in rows) and all(r["vs_ar"] == 1 for r in rows if r["method"] == "ar")
     table = (tmp_path / "throughput.md").read_text()
     assert "| sjd | " in table and "batch 4: images/s (vs ar)" in table
+
+
+@pytest.mark.slow
+def test_compile_measures_every_point_both_ways_against_the_roofline(tiny_zoo, tmp_path):
+    from mulosd.bench import run
+
+    cfg = compose_config("bench", [f"infer.models.tokenizer={tiny_zoo / 'tok'}",
+                                   f"infer.models.verifier={tiny_zoo / 'ar128'}", f"out_dir={tmp_path}", "n_prompts=2",
+                                   "batch_size=2", "strategies=[]", "compile=true", "fd=false"])
+    rows = run(cfg, tmp_path)["rows"]
+    assert [r["method"] for r in rows] == ["ar", "ar_compiled"]
+    assert rows[0]["geneval"] == rows[1]["geneval"] and rows[0]["steps"] == rows[1]["steps"]  # the same images
+    table = (tmp_path / "steps.md").read_text()
+    assert "| ar | " in table and "one-token step limit" in table

@@ -501,3 +501,26 @@ def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
     for i, c in enumerate(CAPTIONS):
         alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
         assert torch.equal(alone[0], batch[i])
+
+
+@pytest.mark.slow
+def test_the_compiled_step_changes_no_token():
+    """compile=true (torch.compile, token counts padded to buckets) against the eager step, fp64: plain AR the
+    same token for token, MuLo-SD with every draft rejected and serial resampling still plain AR, and an
+    image the same alone and in a batch."""
+    verifier, drafter, enc, u, d, nb = MODELS
+
+    def bb(model, compile):
+        return ARBackbone(model, enc, 2.0, compile=compile)
+
+    eager, _ = decode_ar(bb(verifier, False), CAPTIONS, seed=5)
+    compiled, trace = decode_ar(bb(verifier, True), CAPTIONS, seed=5)
+    assert torch.equal(compiled, eager) and trace.forwards["verifier"] == 64
+    cfg = MuLoSDConfig(tau=1.5, resample="serial")
+    got, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS, nb, cfg, seed=5)
+    assert torch.equal(got, eager)
+    cfg = MuLoSDConfig(tau=0.1)
+    batch, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS, nb, cfg, seed=5)
+    alone, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS[1:2], nb, cfg, seed=5,
+                             image_ids=torch.tensor([1]))
+    assert torch.equal(alone[0], batch[1])

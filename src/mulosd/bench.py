@@ -14,7 +14,8 @@ import copy
 import csv
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -39,12 +40,15 @@ class Point:
     radius: int | None = None
     variant: str | None = None  # a key of cfg.variants
     window: int | None = None  # zipar: its window s (None: infer.window)
+    compiled: bool = False  # infer.compile=true
 
     @property
     def name(self) -> str:
+        suffix = "_compiled" if self.compiled else ""
         if self.strategy != "mulosd":
-            return self.strategy + ("" if self.window is None else f"_s{self.window}")
-        return f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}" + (f"_{self.variant}" if self.variant else "")
+            return self.strategy + ("" if self.window is None else f"_s{self.window}") + suffix
+        return (f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}" + (f"_{self.variant}" if self.variant else "")
+                + suffix)
 
 
 def grid(cfg: DictConfig) -> list[Point]:
@@ -61,6 +65,8 @@ def grid(cfg: DictConfig) -> list[Point]:
             rs, taus, radii = ([own[k]] if k in own else cfg[k2] for k, k2 in
                                (("r", "rs"), ("tau", "taus"), ("radius", "radii")))
             points += [Point("mulosd", r, float(t), rad, v) for r in rs for t in taus for rad in radii]
+    if cfg.compile:
+        points += [replace(p, compiled=True) for p in points]
     return points
 
 
@@ -72,6 +78,7 @@ def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
         c.r, c.tau, c.radius = point.r, point.tau, point.radius
     if point.window is not None:
         c.window = point.window
+    c.compile = c.compile or point.compiled
     return c
 
 
@@ -97,6 +104,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     pipes: dict = {}  # what they depend on -> Pipeline
     starts = range(0, len(prompts), cfg.batch_size)
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
+    warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
@@ -106,7 +114,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             if key not in pipes:
                 pipes[key] = Pipeline.from_config(icfg, {"ar", *cfg.strategies})
             chunk = prompts[start:start + cfg.batch_size]
-            tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(start, start + len(chunk)))
+            ids = torch.arange(start, start + len(chunk))
+            if point.name not in warmup:  # the first decode of a point in this process is not timed
+                t = time.perf_counter()
+                pipes[key].decode(point.strategy, icfg, chunk, ids)
+                warmup[point.name] = time.perf_counter() - t
+            tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
             folder = out / "images" / point.name
             folder.mkdir(parents=True, exist_ok=True)
             for j, image in enumerate(pipes[key].images(tokens)):
@@ -118,6 +131,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
             bar.update(1)
+    if warmup:
+        log.info("warm-up (untimed first decodes; compilation included): "
+                 + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
     return summarise(cfg, out, prompts, points, done)
 
 
@@ -183,6 +199,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "window": "" if p.window is None else p.window,
                "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
+               "ms_per_step": 1e3 * sum(c["wall_s"] for c in cells) / sum(c["steps"] for c in cells),
                "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
                "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
                # hardware-independent: per image, over the whole run (cells written before they existed: blank)
@@ -205,9 +222,45 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
         row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
     _write(out, rows, cfg)
+    if cfg.compile and cfg.infer.backbone == "synthscenes":  # the released backbones' limits: llamagen/costmodel
+        _step_table(out, rows, _verifier_shape(cfg))
     line = _last_line(rows, ar)
     log.info(line)
     return {"rows": rows, "line": line}
+
+
+def _verifier_shape(cfg: DictConfig):
+    """The shipped-zoo verifier's TransformerConfig and its forward's rows (2 with guidance), for its roofline."""
+    from .ar import TransformerConfig
+    from .zoo import read_config
+
+    meta = read_config(cfg.infer.models.verifier)
+    scale = meta["sample"]["cfg_scale"] if cfg.infer.cfg_scale is None else cfg.infer.cfg_scale
+    return TransformerConfig(**meta["config"]["transformer"]), 2 if scale != 1 else 1
+
+
+def _step_table(out: Path, rows: list[dict], verifier) -> None:
+    """compile=true: every method's ms per sequential step, eager and compiled, against the roofline of the
+    verifier's one-token step on this machine (reports/roofline.py)."""
+    from .reports.roofline import forward_cost, limit_ms, machine
+
+    cfg, guided_rows = verifier
+    m = machine()
+    limit = limit_ms(*forward_cost(cfg, 1, guided_rows), m["flops"], m["bandwidth"])
+    by = {r["method"]: r for r in rows}
+    lines = [f"ms per sequential step (the decode loop: forward, sampling, bookkeeping) against the verifier's "
+             f"one-token step limit {limit:.3f} ms ({m['flops'] / 1e9:.0f} GFLOP/s, {m['bandwidth'] / 1e9:.0f} GB/s "
+             f"measured, {m['threads']} threads)", "",
+             "| method | eager ms/step | compiled ms/step | eager / compiled | compiled / limit |",
+             "|---|---|---|---|---|"]
+    for name, r in by.items():
+        if name.endswith("_compiled") or name + "_compiled" not in by:
+            continue
+        c = by[name + "_compiled"]
+        lines.append(f"| {name} | {r['ms_per_step']:.3f} | {c['ms_per_step']:.3f} | "
+                     f"{r['ms_per_step'] / c['ms_per_step']:.2f}x | {c['ms_per_step'] / limit:.1f}x |")
+    (out / "steps.md").write_text("\n".join(lines) + "\n")
+    log.info("\n".join(lines))
 
 
 def hardware(icfg: DictConfig) -> str:

@@ -263,6 +263,10 @@ class TarConfig:
 class InferConfig:
     backbone: str = "synthscenes"  # synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2) | tar
     device: str = "cpu"  # cpu | cuda
+    # the backbone's decode step through torch.compile (inductor; static shapes, token counts padded to
+    # buckets): compiled once per process and shape, at the first decode, which bench.py and compare=true
+    # leave out of their timings
+    compile: bool = False
     devices: int = 1  # > 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)
     prompt: str | None = "a red circle above a blue square on a striped green background"
     prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
@@ -323,6 +327,9 @@ class BenchConfig:
     prompt_seed: int = 4242  # the fixed held-out prompt set (mulosd.eval.prompt_set)
     seed: int = 0
     mode: str = "latency"  # latency: the table against ar at batch_size | throughput: images/s at each batch
+    # also measure every point with infer.compile=true, interleaved with the eager one, and print the per-step
+    # table against the roofline
+    compile: bool = False
     batch_size: int = 1  # latency as the paper measures it; larger batches work too
     throughput_batches: list[int] = field(default_factory=lambda: [1, 8, 32])  # mode=throughput
     strategies: list[str] = field(default_factory=lambda: ["zipar", "sd", "lantern", "sjd", "mulosd"])  # + ar

@@ -173,11 +173,12 @@ class Pipeline:
                       "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
         return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, warpers, **extra)
 
-    def backbone(self, which: str = "verifier", cfg_scale: float | None = None) -> ARBackbone:
+    def backbone(self, which: str = "verifier", cfg_scale: float | None = None, compile: bool = False
+                 ) -> ARBackbone:
         """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
         model, encoder = {"verifier": (self.verifier, self.encoder), "drafter": (self.drafter, self.drafter_encoder),
                           "small": (self.small, self.small_encoder)}[which]
-        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale)
+        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile)
 
     def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None,
                rounds: bool = False):
@@ -246,33 +247,35 @@ class Strategy:
 
 
 def _decode_zipar(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-    return decode_zipar(p.backbone(), captions, window=from_config(ZipARConfig, cfg).window, **common)
+    return decode_zipar(p.backbone(compile=cfg.compile), captions, window=from_config(ZipARConfig, cfg).window,
+                        **common)
 
 
 def _decode_sd(acceptance: str):
     def run(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
         sd = from_config(SDConfig, cfg, acceptance=acceptance)
-        return decode_sd(p.backbone(), p.backbone("small"), captions, sd, neighbours=p.neighbours, **common)
+        return decode_sd(p.backbone(compile=cfg.compile), p.backbone("small", compile=cfg.compile), captions, sd,
+                         neighbours=p.neighbours, **common)
     return run
 
 
 def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
     # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
-    drafter = p.backbone("drafter", cfg.draft_cfg_scale)
-    return decode_mulosd(p.backbone(), drafter, p.up, p.down, captions, p.neighbours,
+    drafter = p.backbone("drafter", cfg.draft_cfg_scale, compile=cfg.compile)
+    return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours,
                          from_config(MuLoSDConfig, cfg), **common)
 
 
 STRATEGIES: dict[str, Strategy] = {
-    "ar": Strategy(lambda p, cfg, captions, common: decode_ar(p.backbone(), captions, **common),
+    "ar": Strategy(lambda p, cfg, captions, common: decode_ar(p.backbone(compile=cfg.compile), captions, **common),
                    units=lambda cfg, G: G * G),
     "zipar": Strategy(_decode_zipar, units=lambda cfg, G: G + (G - 1) * cfg.window, config=ZipARConfig),
     # sd / lantern: draft windows, a bound (a window commits at least one token)
     "sd": Strategy(_decode_sd("exact"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
     "lantern": Strategy(_decode_sd("lantern"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
     # sjd: Jacobi iterations, a bound (each commits at least one token)
-    "sjd": Strategy(lambda p, cfg, captions, common: decode_sjd(p.backbone(), captions, from_config(SJDConfig, cfg),
-                                                                 **common),
+    "sjd": Strategy(lambda p, cfg, captions, common: decode_sjd(p.backbone(compile=cfg.compile), captions,
+                                                                 from_config(SJDConfig, cfg), **common),
                     units=lambda cfg, G: G * G, config=SJDConfig),
     "mulosd": Strategy(_decode_mulosd, units=lambda cfg, G: G // cfg.r // cfg.draft_rows, config=MuLoSDConfig,
                        drafts_with="drafter"),

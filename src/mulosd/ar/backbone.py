@@ -19,12 +19,14 @@ from .transformer import KVCache, Transformer
 
 
 class ARBackbone:
-    def __init__(self, model: Transformer, encoder, cfg_scale: float = 1.0):
+    def __init__(self, model: Transformer, encoder, cfg_scale: float = 1.0, compile: bool = False):
         if cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
         self.model, self.encoder, self.cfg_scale = model, encoder, float(cfg_scale)
         self.cache: KVCache | None = None
         self.calls = self.tokens_in = 0
+        # the decode step compiled (torch.compile, static shapes): token counts padded up to a few buckets
+        self._step = compiled_step(model) if compile else None
 
     @property
     def guided(self) -> bool:
@@ -91,7 +93,15 @@ class ARBackbone:
         tokens = tokens.to(self.device)
         if self.guided:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
-        logits = self.model.step(slots, self.model.embed(tokens), self.cache)
+        n = slots.shape[1]
+        if self._step is None or n == 0:
+            logits = self.model.step(slots, self.model.embed(tokens), self.cache)
+        else:
+            # pad to the bucket by repeating the last write: a duplicate write of one slot in one forward
+            # computes the same K/V twice, and the extra outputs are dropped
+            width = bucket(n)
+            slots, tokens = (torch.cat([t, t[:, -1:].expand(-1, width - n)], 1) for t in (slots, tokens))
+            logits = self._step(slots, tokens, self.cache)[:, :n]
         self.calls += 1
         self.tokens_in += positions.numel()
         return self._combine(logits)
@@ -111,6 +121,27 @@ class ARBackbone:
         if self.guided:
             rows, slots = torch.cat([rows, rows + self.batch]), slots.repeat(2, 1)
         self.cache.filled[rows[:, None], slots] = False
+
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_COMPILED: dict[int, tuple] = {}  # id(model) -> (model, compiled step): one set of graphs per model (or view)
+
+
+def bucket(n: int) -> int:
+    """The padded width of a forward writing n tokens: the smallest bucket >= n."""
+    return next((b for b in BUCKETS if b >= n), n)
+
+
+def compiled_step(model: Transformer):
+    """`model.step` on token ids, compiled once per model object with static shapes (inductor): every
+    (rows, bucket) pair compiles once per process; a new KV cache of the same shape reuses the graphs."""
+    if id(model) not in _COMPILED or _COMPILED[id(model)][0] is not model:
+
+        def step(slots, tokens, cache):
+            return model.step(slots, model.embed(tokens), cache)
+
+        _COMPILED[id(model)] = (model, torch.compile(step, dynamic=False))
+    return _COMPILED[id(model)][1]
 
 
 def _features(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:
