@@ -143,6 +143,9 @@ def compiled_step(model: Transformer):
         # CPU: inductor's own GEMM templates beat the library's per-call cost on these small matrices; GPU: CUDA
         # graphs remove the launch cost (untested here: no GPU)
         mode = "reduce-overhead" if next(model.parameters()).is_cuda else "max-autotune-no-cudagraphs"
+        # one graph per (rows, bucket): a MuLo-SD or SJD decode meets more than dynamo's default 8, after which
+        # it would silently run the rest eagerly
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _COMPILED[id(model)] = (model, torch.compile(step, dynamic=False, mode=mode))
     return _COMPILED[id(model)][1]
 
