@@ -20,7 +20,7 @@ import torch
 
 from ..config import SAMPLER_STAGES
 from ..data.images import downsample, to_image, to_tensor
-from ..data.synthscenes import judge, render, sample_scene
+from ..data.synthscenes import judge, render, sample_scene, vocab
 from ..data.synthscenes.judge import falsify
 from ..eval import EVAL_SEED
 from ..eval.pixels import psnr
@@ -38,9 +38,10 @@ def sampler_name(r: int, stage: str | None = None) -> str:
 
 
 @torch.no_grad()
-def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50) -> dict:
+def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50,
+             radius: tuple[float, float] = vocab.RADIUS_RANGE) -> dict:
     lpips = build_lpips("alex")
-    scenes = [sample_scene(EVAL_SEED, i) for i in range(n)]
+    scenes = [sample_scene(EVAL_SEED, i, radius=radius) for i in range(n)]
     wrongs = [falsify(s, np.random.default_rng([EVAL_SEED, i, 1])) for i, s in enumerate(scenes)]
     highs = [render(s, SIZE) for s in scenes]
     out = {}
@@ -114,12 +115,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
     ap.add_argument("--tokenizer", default=TOKENIZER)
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
+                    help="the world's object half-size range the held-out scenes are drawn in")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be >= 1")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n)
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=tuple(args.radius))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Zoo v2 after its AR run (docs/zoo_v2.md): the up- and down-samplers retrained through their three loss stages
+# on world "big" (the AR's world), then the samplers' report. Each training resumes from its last checkpoint
+# and is skipped once exported, so the script can be killed and rerun at any point.
+#
+#   scripts/zoo_v2_downstream.sh                 # -> RUNS/{up2_token_ce,up2_mse_lpips,up2_gan,down2,...}/export
+#   RUNS=/path/outside/the/repo scripts/zoo_v2_downstream.sh
+#   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
+#
+# The recipes are the shipped ones (conf/experiment/upsampler_*.yaml, downsampler.yaml) with the world changed
+# and each stage initialised from the previous stage of this run, not from the shipped zoo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-../runs/zoo_v2}
+DRY=${1:-}
+WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]" "data.synth.train_shards=192")
+
+train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has a checkpoint
+  local name=$1
+  shift
+  if [ -f "$RUNS/$name/export/config.json" ]; then
+    echo "$name: exported already"
+    return
+  fi
+  local resume=()
+  if [ -f "$RUNS/$name/checkpoints/last.ckpt" ]; then
+    resume=("ckpt_path=$RUNS/$name/checkpoints/last.ckpt")
+  fi
+  local cmd=("$PY" train.py "$@" "${WORLD[@]}" "hydra.run.dir=$RUNS/$name" "${resume[@]}")
+  echo "$name: ${cmd[*]}"
+  if [ "$DRY" != "--dry-run" ]; then
+    "${cmd[@]}" > "$RUNS/$name.log" 2>&1
+    tail -n 1 "$RUNS/$name.log"
+  fi
+}
+
+mkdir -p "$RUNS"
+for r in 2 4; do
+  train "up${r}_token_ce" experiment=upsampler_ce "r=$r"
+  train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export"
+  train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export"
+  train "down${r}" experiment=downsampler "r=$r"
+done
+if [ "$DRY" != "--dry-run" ]; then
+  # the report reads samplers by their zoo names from one directory
+  mkdir -p "$RUNS/zoo"
+  for r in 2 4; do
+    for stage in token_ce mse_lpips gan; do
+      ln -sfn "$(realpath "$RUNS/up${r}_$stage/export")" "$RUNS/zoo/synthscenes_up${r}_$stage"
+    done
+    ln -sfn "$(realpath "$RUNS/down$r/export")" "$RUNS/zoo/synthscenes_down$r"
+  done
+  "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 | tee "$RUNS/samplers_report.txt"
+fi
