@@ -44,83 +44,81 @@ class SJDConfig:
 def decode_sjd(backbone: ARBackbone, captions: list[str], cfg: SJDConfig = SJDConfig(), seed: int = 0,
                warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
                progress=None) -> tuple[torch.Tensor, Trace]:
+    """-> tokens [B, G, G] and the trace. Every image's window is tested at once: one forward and a few
+    batched tensor operations per iteration, whatever the batch."""
     warpers = warpers or Warpers()
-    B, N, device = len(captions), backbone.grid ** 2, backbone.device
+    B, N, L, device = len(captions), backbone.grid ** 2, cfg.window, backbone.device
     ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
-    trace = Trace(f"sjd{cfg.window}", images=B, tokens=B * N).start("drafted", "accepted", verifier=backbone)
-    p0 = warp(backbone.start(captions), warpers)[:, 0]  # exact p at position 0
+    trace = Trace(f"sjd{L}", images=B, tokens=B * N).start("drafted", "accepted", verifier=backbone)
+    p0 = warp(backbone.start(captions), warpers)[:, 0]  # [B, V]: the exact p at position 0
     V = p0.shape[-1]
+    flat = torch.full((V,), -math.log(V), device=device)  # log q of a uniform draft
+    rows = torch.arange(B, device=device)
+    offsets = torch.arange(L, device=device)
     tokens = torch.zeros(B, N, dtype=torch.long, device=device)
-    n = [0] * B  # committed tokens per image
-    written = [0] * B  # the cache holds committed tokens [0, written) with their final context
-    # the window: per image, drafts for positions n .. n + len - 1 and the log q each was drawn from
-    flat = torch.full((1, V), -math.log(V), device=device)  # log q of a uniform draft
-    logq = [torch.cat([p0[b:b + 1], flat.expand(cfg.window - 1, -1)])[:min(cfg.window, N)] for b in range(B)]
-    drafts = [_draw(q, seed, ids[b], 0) for b, q in enumerate(logq)]
+    n = torch.zeros(B, dtype=torch.long, device=device)  # committed tokens per image
+    # the window: drafts for positions n .. n + L - 1 and the log q each was drawn from
+    logq = flat.expand(B, L, V).clone()
+    logq[:, 0] = p0
+    drafts = _draw(logq, seed, ids, n[:, None] + offsets)
     steps = 1
-    while min(n) < N:
-        out, index = _verify(backbone, tokens, n, written, drafts, N)
-        out = warp(out, warpers)
+    while bool((n < N).any()):
+        window = n[:, None] + offsets  # [B, L] positions
+        valid = (window < N) & (n < N)[:, None]
+        out = warp(_verify(backbone, tokens, n, drafts, valid, N), warpers)  # [B, L + 1, V]
         steps += 1
-        for b in range(B):
-            if n[b] >= N:
-                continue
-            L = len(drafts[b])
-            # p at window position i: the output of the write at position n + i - 1 (the prefix's for position 0)
-            p = torch.stack([p0[b] if n[b] + i == 0 else out[b, index[b][n[b] + i - 1]] for i in range(L)])
-            positions = torch.arange(n[b], n[b] + L, device=device)
-            x = drafts[b]
-            ratio = (p.gather(-1, x[:, None]) - logq[b].gather(-1, x[:, None]))[:, 0].exp()
-            u = uniform(seed, ids[b:b + 1], positions[None], ACCEPT)[0]
-            j = int((u < ratio.clamp(max=1).double()).long().cumprod(0).sum())  # accepted prefix
-            tokens[b, n[b]:n[b] + j] = x[:j]
-            trace.count("drafted", min(j + 1, L))
-            trace.count("accepted", j)
-            written[b] = n[b] + j
-            if j < L:  # the first rejection: drawn from the residual, committed
-                dist = residual(p[j:j + 1], logq[b][j:j + 1])[None]
-                tokens[b, n[b] + j] = sample(dist, seed, ids[b:b + 1], positions[None, j:j + 1])[0, 0]
-                n[b] += j + 1
-            else:
-                n[b] += L
-            # the next window: redraw the rest of this one from its p, the next position from the last write's
-            # output, anything further uniformly
-            start, L2 = n[b], min(cfg.window, N - n[b])
-            last = int(positions[-1])  # the window's last position: its write's output is p at last + 1
-            q = list(p[start - int(positions[0]):])
-            if len(q) < L2:
-                q.append(out[b, index[b][last]])
-            logq[b] = torch.cat([torch.stack(q)[:L2], flat.expand(L2 - len(q), -1)]) if L2 else flat[:0]
-            drafts[b] = _draw(logq[b], seed, ids[b], start)
-            backbone.forget(torch.arange(start, N, device=device)[None], rows=torch.tensor([b]))
+        # p at window position i: the output of the write at position n + i - 1 (the prefix's for position 0)
+        p = out[:, :L].clone()
+        p[n == 0, 0] = p0[n == 0]
+        ratio = (p.gather(-1, drafts[..., None]) - logq.gather(-1, drafts[..., None]))[..., 0].exp()
+        u = uniform(seed, ids, window.clamp(max=N - 1), ACCEPT)
+        ok = (u < ratio.clamp(max=1).double()) & valid
+        j = ok.long().cumprod(1).sum(1)  # accepted prefix per image
+        length = valid.sum(1)
+        rejected = j < length
+        b, i = (offsets[None] < j[:, None]).nonzero(as_tuple=True)  # the accepted drafts
+        tokens[b, window[b, i]] = drafts[b, i]
+        trace.count("drafted", torch.minimum(j + 1, length).sum())
+        trace.count("accepted", j.sum())
+        if rejected.any():  # the first rejection of each image: drawn from the residual, committed
+            b = rows[rejected]
+            jb = j[rejected]
+            dist = residual(p[b, jb], logq[b, jb])[:, None]
+            tokens[b, n[b] + jb] = sample(dist, seed, ids[b], (n[b] + jb)[:, None])[:, 0]
+        moved = torch.where(rejected, j + 1, length)
+        # the next window: the rest of this one redrawn from its p, the next position from the last write's
+        # output, anything further uniformly
+        extended = torch.cat([p, out[:, L:]], 1)  # p at positions n .. n + L
+        source = moved[:, None] + offsets  # index into `extended` of each new window position
+        logq = torch.where((source <= L)[..., None], extended.gather(
+            1, source.clamp(max=L)[..., None].expand(-1, -1, V)), flat)
+        n = torch.minimum(n + moved, torch.full_like(n, N))
+        drafts = _draw(logq, seed, ids, n[:, None] + offsets)
+        backbone.forget_mask(torch.arange(N, device=device)[None] >= n[:, None])
         if progress is not None:
             progress.update(1)
     trace.steps = steps
     return tokens.view(B, backbone.grid, backbone.grid), trace.stop()
 
 
-def _draw(logq: torch.Tensor, seed: int, image: torch.Tensor, start: int) -> torch.Tensor:
-    """Drafts [L] from log q [L, V] at positions start.., on the draft noise stream."""
-    if not len(logq):
-        return torch.empty(0, dtype=torch.long, device=logq.device)
-    positions = torch.arange(start, start + len(logq), device=logq.device)[None]
-    return sample(logq[None], seed, image.view(1), positions, stream=DRAFT)[0]
+def _draw(logq: torch.Tensor, seed: int, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Drafts [B, L] from log q [B, L, V] at positions [B, L], on the draft noise stream."""
+    return sample(logq, seed, ids, positions, stream=DRAFT)
 
 
-def _verify(backbone: ARBackbone, tokens: torch.Tensor, n: list[int], written: list[int],
-            drafts: list[torch.Tensor], N: int) -> tuple[torch.Tensor, list[dict[int, int]]]:
-    """One forward per batch: each image writes its committed tokens from the last one the cache lacks (at
-    least its last committed token, whose output is p at its first window position) and its window. Returns
-    the logits and, per image, position -> index in its writes. An image that is done rewrites its last
-    position (a no-op)."""
-    rows = []
-    for b in range(len(n)):
-        if n[b] >= N:
-            rows.append([(N - 1, int(tokens[b, N - 1]))])
-            continue
-        committed = [(p, int(tokens[b, p])) for p in range(min(written[b], n[b] - 1) if n[b] else 0, n[b])]
-        rows.append(committed + [(n[b] + i, int(t)) for i, t in enumerate(drafts[b].tolist())])
-    width = max(len(r) for r in rows)
-    pos = torch.tensor([[p for p, _ in r + [r[-1]] * (width - len(r))] for r in rows], device=tokens.device)
-    tok = torch.tensor([[t for _, t in r + [r[-1]] * (width - len(r))] for r in rows], device=tokens.device)
-    return backbone(pos, tok), [{p: i for i, (p, _) in enumerate(r)} for r in rows]
+def _verify(backbone: ARBackbone, tokens: torch.Tensor, n: torch.Tensor, drafts: torch.Tensor,
+            valid: torch.Tensor, N: int) -> torch.Tensor:
+    """One forward writing, per image, its last committed token (whose output is p at its first window
+    position) and its window: L + 1 writes at positions n - 1 .. n + L - 1 -> logits [B, L + 1, V]. Writes
+    that do not exist (before position 0, past the grid's end, an image that is done) repeat an existing one
+    (a duplicate write of one slot with its own token is a no-op), so every image has the same width."""
+    B, L = drafts.shape
+    last = (n - 1).clamp(min=0, max=N - 1)
+    pos = torch.cat([last[:, None], n[:, None] + torch.arange(L, device=n.device)], 1)
+    tok = torch.cat([tokens.gather(1, last[:, None]), drafts], 1)
+    exists = torch.cat([(n > 0)[:, None], valid], 1)
+    exists[:, 0] |= ~exists[:, 1:].any(1)  # an image with no window rewrites its last committed token
+    # each missing write repeats the nearest existing one before it (or, at position -1, the first window one)
+    idx = torch.where(exists, torch.arange(L + 1, device=n.device), -1).cummax(1).values
+    idx = torch.where(idx < 0, 1, idx)
+    return backbone(pos.gather(1, idx), tok.gather(1, idx))
