@@ -93,6 +93,20 @@ def read_pt(path: Path) -> dict[str, torch.Tensor]:
     return {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
 
 
+def read_spec(path: Path, keys: set[str], what: str) -> dict:
+    """The `{"model": {...}}` entry of a file saved as a model spec (Tar's AR-DTok and TA-Tok files), read
+    weights-only; one that lacks any of `keys` is refused as not a `what` checkpoint."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"{path} is not a weights-only checkpoint (refused to unpickle it): "
+                         f"{str(e).splitlines()[0]}") from None
+    spec = obj.get("model") if isinstance(obj, dict) else None
+    if not isinstance(spec, dict) or not keys <= set(spec):
+X
+    return spec
+
+
 def cached_state(path: Path, convert=lambda state: state) -> dict[str, torch.Tensor]:
     """convert(read_pt(path)), cached as safetensors beside the file; the cache is rebuilt when the file's
     size or mtime changes."""

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..ar import Transformer, TransformerConfig
+from ..llamagen.checkpoints import read_spec
 from ..llamagen.gpt import block_renames, find_multiple
 
 # size name -> (layers, heads, dim), as upstream's ar_models
@@ -94,14 +95,7 @@ def from_upstream(state: dict[str, torch.Tensor], cfg: TransformerConfig) -> dic
 def read_ardtok(path: Path) -> tuple[dict, str, dict[str, torch.Tensor]]:
     """(args, size name, state dict) of an upstream AR-DTok file, read weights-only (a pickled object that is
     not a tensor or a plain container is refused, never run)."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path} is not a weights-only checkpoint (refused to unpickle it): "
-                         f"{str(e).splitlines()[0]}") from None
-    spec = obj.get("model") if isinstance(obj, dict) else None
-    if not isinstance(spec, dict) or not {"name", "args", "sd"} <= set(spec):
-        raise ValueError(f"{path} is not an AR-DTok checkpoint: expected {{'model': {{'name', 'args', 'sd'}}}}")
+    spec = read_spec(path, {"name", "args", "sd"}, "AR-DTok")
     return dict(spec["args"]), spec["name"], spec["sd"]
 
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..llamagen.checkpoints import read_spec
+
 FILE = "ta_tok.pth"
 # what ta_tok.pth holds for encoding images only: skipped, never an error
 ENCODE_ONLY = ("encoder.", "encode_task_layer.", "bottleneck.in_linear.", "scale_layer.", "teacher.")
@@ -86,14 +88,7 @@ def _rename(key: str, table: dict[str, str]) -> str | None:
 def load_ta_tok(path: Path, device="cpu", **decoder_overrides) -> TATokDecoder:
     """The decode path of an upstream `ta_tok.pth` ({"model": {"args", "sd"}}), read weights-only and strictly:
     a missing or misshapen key is refused by name, as is any key that is neither decode path nor encoder."""
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"{path} is not a weights-only checkpoint (refused to unpickle it): "
-                         f"{str(e).splitlines()[0]}") from None
-    spec = obj.get("model") if isinstance(obj, dict) else None
-    if not isinstance(spec, dict) or not {"args", "sd"} <= set(spec):
-        raise ValueError(f"{path} is not a TA-Tok checkpoint: expected {{'model': {{'args', 'sd'}}}}")
+    spec = read_spec(path, {"args", "sd"}, "TA-Tok")
     args, sd = spec["args"], spec["sd"]
     ours = {_rename(k, PREFIXES): v for k, v in sd.items() if _rename(k, PREFIXES)}
     extra = sorted(k for k in sd if not _rename(k, PREFIXES) and not k.startswith(ENCODE_ONLY))
