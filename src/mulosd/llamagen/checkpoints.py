@@ -95,7 +95,7 @@ def read_pt(path: Path) -> dict[str, torch.Tensor]:
 
 def read_spec(path: Path, keys: set[str], what: str) -> dict:
     """The `{"model": {...}}` entry of a file saved as a model spec (Tar's AR-DTok and TA-Tok files), read
-    weights-only; one that lacks any of `keys` is refused as not a `what` checkpoint."""
+    weights-only; one that lacks any of `keys` is refused as not `what` ("an AR-DTok checkpoint")."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -103,7 +103,7 @@ def read_spec(path: Path, keys: set[str], what: str) -> dict:
                          f"{str(e).splitlines()[0]}") from None
     spec = obj.get("model") if isinstance(obj, dict) else None
     if not isinstance(spec, dict) or not keys <= set(spec):
-X
+        raise ValueError(f"{path} is not {what}: expected {{'model': {{{', '.join(sorted(keys))}}}}}")
     return spec
 
 

@@ -95,7 +95,7 @@ def from_upstream(state: dict[str, torch.Tensor], cfg: TransformerConfig) -> dic
 def read_ardtok(path: Path) -> tuple[dict, str, dict[str, torch.Tensor]]:
     """(args, size name, state dict) of an upstream AR-DTok file, read weights-only (a pickled object that is
     not a tensor or a plain container is refused, never run)."""
-    spec = read_spec(path, {"name", "args", "sd"}, "AR-DTok")
+    spec = read_spec(path, {"name", "args", "sd"}, "an AR-DTok checkpoint")
     return dict(spec["args"]), spec["name"], spec["sd"]
 
 

@@ -88,7 +88,7 @@ def _rename(key: str, table: dict[str, str]) -> str | None:
 def load_ta_tok(path: Path, device="cpu", **decoder_overrides) -> TATokDecoder:
     """The decode path of an upstream `ta_tok.pth` ({"model": {"args", "sd"}}), read weights-only and strictly:
     a missing or misshapen key is refused by name, as is any key that is neither decode path nor encoder."""
-    spec = read_spec(path, {"args", "sd"}, "TA-Tok")
+    spec = read_spec(path, {"args", "sd"}, "a TA-Tok checkpoint")
     args, sd = spec["args"], spec["sd"]
     ours = {_rename(k, PREFIXES): v for k, v in sd.items() if _rename(k, PREFIXES)}
     extra = sorted(k for k in sd if not _rename(k, PREFIXES) and not k.startswith(ENCODE_ONLY))
