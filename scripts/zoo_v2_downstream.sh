@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Zoo v2 after its AR run (docs/zoo_v2.md): the up- and down-samplers retrained through their three loss stages
-# on world "big" (the AR's world), then the samplers' report. Each training resumes from its last checkpoint
+# Zoo v2 after its AR run (docs/zoo_v2.md): the small same-resolution drafter of sd / lantern and the up- and
+# down-samplers (through their three loss stages) retrained on world "big" (the AR's world), then the
+# samplers' report. Each training resumes from its last checkpoint
 # and is skipped once exported, so the script can be killed and rerun at any point.
 #
-#   scripts/zoo_v2_downstream.sh                 # -> RUNS/{up2_token_ce,up2_mse_lpips,up2_gan,down2,...}/export
+#   scripts/zoo_v2_downstream.sh                 # -> RUNS/{ar128_small,up2_token_ce,...,down4}/export
 #   RUNS=/path/outside/the/repo scripts/zoo_v2_downstream.sh
 #   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
 #
@@ -36,6 +37,8 @@ train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has
 }
 
 mkdir -p "$RUNS"
+# exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
+train ar128_small experiment=zoo_ar_128_small
 for r in 2 4; do
   train "up${r}_token_ce" experiment=upsampler_ce "r=$r"
   train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export"
