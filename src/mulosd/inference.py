@@ -63,7 +63,10 @@ def _compare(pipe: Pipeline, cfg: DictConfig, texts: list[str]):
     repeat gives one ratio. Seeded decoding makes every repeat's images the same, so the first are kept."""
     strategy = cfg.decoding
     for s in (strategy, "ar"):
+        t = time.perf_counter()
         decode_all(pipe, s, cfg, texts[:cfg.batch_size])
+        log.info(f"{s}: warm-up {time.perf_counter() - t:.1f} s (untimed" + (", compilation included)" if cfg.compile
+                                                                         else ")"))
     runs: dict[str, list] = {strategy: [], "ar": []}
     for rep in range(cfg.compare_repeats):
         for s in (strategy, "ar") if rep % 2 == 0 else ("ar", strategy):
