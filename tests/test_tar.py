@@ -245,6 +245,7 @@ def _tar_samplers(d):
 
 def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, tmp_path, caplog):
     from mulosd import tar
+    from mulosd.config import ConfigError
     from mulosd.pipeline import Pipeline
 
     from .conftest import compose_config
@@ -283,6 +284,10 @@ def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, 
     tokens, trace = pipe.decode("ar", cfg, captions, ids)
     assert tokens.shape == (2, 8, 8) and trace.stages["llm"] == 0
     assert torch.equal(pipe.conditioner.features[0], pipe.conditioner.features[1])  # one set of ids for both
+    torch.save(torch.full((80,), 3), tmp_path / "short.pt")  # scale 2 needs 81 ids per prompt
+    with pytest.raises(ConfigError, match="tar.features: .* needs 81 per prompt"):
+        Pipeline.from_config(compose_config("infer", [c for c in common if not c.startswith("tar.llm")]
+                                            + [f"tar.features={tmp_path / 'short.pt'}"]), {"ar"})
 
 
 def test_ta_tok_refusals_name_the_key(tmp_path):

@@ -150,7 +150,13 @@ class Pipeline:
         t2i = _load("tar.ckpt_dir", load_tar, tc.ckpt_dir, tc.resolution, drafter=mulosd, scale=tc.scale, llm=llm,
                     download=tc.download, device=cfg.device, dtype=getattr(torch, tc.dtype))
         if tc.features:
-            t2i.encoder.saved = _load("tar.features", _read_ids, tc.features)
+            saved = _load("tar.features", _read_ids, tc.features)
+            n, codes = t2i.encoder.prefix, t2i.encoder.ta_tok.codebook_size
+            if saved.shape[-1] != n or saved.min() < 0 or saved.max() >= codes:
+                raise ConfigError("tar.features", f"{tc.features} holds ids {tuple(saved.shape)} in "
+                                  f"[{int(saved.min())}, {int(saved.max())}]; tar.scale={tc.scale} needs {n} per "
+                                  f"prompt in [0, {codes})")
+            t2i.encoder.saved = saved
         return cls._upstream(cfg, t2i, strategies, conditioner=t2i.encoder)
 
     @classmethod

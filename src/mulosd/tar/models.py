@@ -39,6 +39,9 @@ class TarConditioner:
 
     def prepare(self, captions: list[str], seed: int, image_ids: torch.Tensor, ids: torch.Tensor | None = None):
         if ids is None and self.saved is not None:
+            if self.saved.dim() == 2 and int(image_ids.max()) >= len(self.saved):
+                raise ValueError(f"the saved TA-Tok ids have {len(self.saved)} rows; prompt {int(image_ids.max())} "
+                                 "has none (give one row per prompt, or one row for all)")
             ids = self.saved.expand(len(captions), -1) if self.saved.dim() == 1 else self.saved[image_ids]
         t, given = time.perf_counter(), ids is not None
         if ids is None:
