@@ -8,7 +8,16 @@ import torch
 import torch.nn.functional as F
 
 from mulosd.ar import ARBackbone
-from mulosd.decoding import MuLoSDConfig, SDConfig, decode_ar, decode_mulosd, decode_sd
+from mulosd.decoding import (
+    MuLoSDConfig,
+    SDConfig,
+    SJDConfig,
+    decode_ar,
+    decode_mulosd,
+    decode_sd,
+    decode_sjd,
+    decode_zipar,
+)
 from mulosd.tar.ar_dtok import load_ardtok
 
 TINY = {"llama-abs-tiny": (2, 2, 32)}  # a test-only size name: (layers, heads, dim)
@@ -125,6 +134,12 @@ def test_every_strategy_runs_on_a_tiny_tar_pair_and_mulosd_reproduces_ar(tmp_pat
     alone, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions[1:2],
                          SDConfig(gamma=3), seed=3, image_ids=torch.tensor([1]))
     assert torch.equal(alone[0], tokens[1])
+    # ZipAR, LANTERN and SJD on the same pair, batch 3 with CFG
+    lantern, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions,
+                           SDConfig(gamma=3, acceptance="lantern"), seed=3, neighbours=neighbour_table(codebook, 8))
+    zipar, _ = decode_zipar(ARBackbone(verifier, enc, 4.0), captions, window=2, seed=3)
+    sjd, trace = decode_sjd(ARBackbone(verifier, enc, 4.0), captions, SJDConfig(window=4), seed=3)
+    assert lantern.shape == zipar.shape == sjd.shape == (3, 8, 8) and trace.forwards["verifier"] <= 1 + 64
 
 
 def test_refusals_name_what_is_wrong(tmp_path):
