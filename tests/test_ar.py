@@ -3,6 +3,7 @@ noise, classifier-free guidance, warpers, caption conditioning, and the zoo_ar r
 
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -329,16 +330,27 @@ def test_ema_averages_the_weights_and_is_what_decoding_and_export_use():
                for p in g["params"]), "the EMA copy is never optimised"
     w0 = m.model.head.weight.detach().clone()
     m.batches_seen = 1
-    m.on_train_batch_end(torch.tensor(1.0), None, 0)  # first update: the EMA starts as a copy
+    m.update_ema()  # first update: the EMA starts as a copy
     with torch.no_grad():
         m.model.head.weight.add_(1.0)
     m.batches_seen = 2
-    m.on_train_batch_end(torch.tensor(1.0), None, 1)
+    m.update_ema()
     model, encoder = m.weights()
     assert model is m.ema.module["model"] and encoder is m.ema.module["encoder"]
     assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6), "ema = 0.9 * old + 0.1 * new"
-    m.on_train_batch_end(None, None, 2)  # a skipped (non-finite) step leaves the average alone
-    assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6)
+    # the update rides on the optimizer step (so a checkpoint written at the batch's end holds it), and only on
+    # a step whose loss was finite: a skipped (non-finite) one leaves the average alone
+    import lightning as L
+
+    with torch.no_grad():
+        m.model.head.weight.add_(1.0)
+    with mock.patch.object(L.LightningModule, "optimizer_step", lambda *a, **k: None):
+        m._stepped = False
+        m.optimizer_step(0, 2, None)
+        assert torch.allclose(model.head.weight, w0 + 0.1, atol=1e-6)
+        m._stepped = True
+        m.optimizer_step(0, 3, None)
+    assert torch.allclose(model.head.weight, w0 + 0.09 + 0.2, atol=1e-5) and not m._stepped
     assert _module().weights()[0] is not None and _module().ema is None
 
 
@@ -394,3 +406,34 @@ def test_training_time_adds_up_over_a_resumed_run(monkeypatch):
     resumed.on_load_checkpoint(ckpt)
     resumed.on_train_start()  # segment 2 starts at t=500
     assert resumed.trained_seconds() == 40.0  # t=510: 30 s before the kill + 10 s since
+
+
+@pytest.mark.slow
+def test_task_export_writes_a_checkpoints_weights_as_the_fit_does(tmp_path, tmp_path_factory, tiny_tokenizer):
+    """Evaluating a long run part-way: the last checkpoint of a 2-batch run, exported with task=export, is the
+    fit's own export (the EMA weights, the recipe's metadata); a missing checkpoint is one line naming the key."""
+    from safetensors.torch import load_file
+
+    from mulosd.zoo import load_ar
+
+    shards = tmp_path_factory.getbasetemp() / "ar_shards"
+    common = ["experiment=zoo_ar_32", f"model.tokenizer={tiny_tokenizer}", f"data.synth.dir={shards}",
+              "data.synth.train_shards=1", "data.synth.val_shards=1", "data.synth.per_shard=8", "data.batch_size=4",
+              "model.transformer.dim=32", "model.transformer.layers=1", "model.transformer.heads=2",
+              "model.transformer.cond_dim=16", "logger=none", "model.ema=0.5",
+              f"data.token_cache={tmp_path_factory.getbasetemp() / 'token_cache'}"]
+    fit = [sys.executable, "train.py", *common, f"hydra.run.dir={tmp_path / 'run'}", "model.train.batches=2",
+           "model.train.ckpt_every=2", "model.train.val_every=2", "model.optim.warmup_batches=1"]
+    r = subprocess.run(fit, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    export = [sys.executable, "train.py", *common, "task=export", f"hydra.run.dir={tmp_path / 'x'}",
+              f"ckpt_path={tmp_path / 'run' / 'checkpoints' / 'last.ckpt'}"]
+    r = subprocess.run(export, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ours, theirs = (load_file(tmp_path / d / "export" / "model.safetensors") for d in ("x", "run"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    _, _, meta = load_ar(tmp_path / "x" / "export")
+    assert meta["batches"] == 2 and "task=export" in meta["recipe"]
+    r = subprocess.run([*export[:-1], f"ckpt_path={tmp_path / 'nope.ckpt'}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: ckpt_path: task=export needs")

@@ -209,7 +209,7 @@ MODEL_SCHEMAS = {"tokenizer": TokenizerModelConfig, "ar": ARModelConfig, "sample
 
 @dataclass
 class TrainConfig:
-    task: str = "fit"  # fit | inspect_data
+    task: str = "fit"  # fit | inspect_data | export (a checkpoint's weights, ckpt_path=, as a fit exports them)
     seed: int = 0
     run_name: str | None = None
     ckpt_path: str | None = None  # resume from this checkpoint (e.g. RUN/checkpoints/last.ckpt)
@@ -347,7 +347,7 @@ class BenchConfig:
     infer: InferConfig = field(default_factory=InferConfig)  # models, sampling and strategy defaults
 
 
-TASKS = ("fit", "inspect_data")
+TASKS = ("fit", "inspect_data", "export")
 LOGGERS = ("wandb", "csv", "none")
 WANDB_MODES = ("online", "offline", "disabled")
 RATIOS = (2, 4)

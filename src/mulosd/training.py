@@ -14,6 +14,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -185,6 +186,29 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     return module
 
 
+def export(cfg: DictConfig, run_dir: Path) -> Path:
+    """task=export: a checkpoint's weights (the EMA copy where the run keeps one) exported as a finished fit
+    exports them, to evaluate a long run part-way without stopping it:
+    python train.py experiment=zoo_ar_v2 task=export ckpt_path=RUN/checkpoints/last.ckpt hydra.run.dir=OUT"""
+    if not cfg.ckpt_path or not Path(cfg.ckpt_path).is_file():
+        raise ConfigError("ckpt_path", f"task=export needs an existing checkpoint, got {cfg.ckpt_path!r}")
+    module = build_module(cfg.model)
+    try:
+        checkpoint = torch.load(cfg.ckpt_path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError("ckpt_path", f"{cfg.ckpt_path} is not a weights-only checkpoint, refused to load it "
+                                       f"({str(e).splitlines()[0][:200]})") from None
+    try:
+        module.load_state_dict(checkpoint["state_dict"])
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError("ckpt_path", f"{cfg.ckpt_path} does not fit model={cfg.model.name} as configured "
+                                       f"({' '.join(str(e).split())[:200]})") from None
+    module.on_load_checkpoint(checkpoint)
+    out = module.export(run_dir / "export", recipe=f"{_recipe()} (batch {module.batches_seen} of the run)")
+    log.info(f"exported batch {module.batches_seen} of {cfg.ckpt_path} -> {out}")
+    return out
+
+
 def _recipe() -> str:
     from hydra.core.hydra_config import HydraConfig
 
@@ -229,4 +253,4 @@ def inspect_data(cfg: DictConfig, run_dir: Path) -> dict:
 def run(cfg: DictConfig, run_dir: Path):
     validate_train(cfg)
     L.seed_everything(cfg.seed, workers=True, verbose=False)
-    return {"fit": fit, "inspect_data": inspect_data}[cfg.task](cfg, run_dir)
+    return {"fit": fit, "inspect_data": inspect_data, "export": export}[cfg.task](cfg, run_dir)

@@ -111,6 +111,7 @@ class ARModule(L.LightningModule):
         if self.guard.nonfinite("loss", loss, self.batches_seen):
             return None  # Lightning skips the optimizer step
         self.guard.clean()
+        self._stepped = True  # a finite loss: this batch updates the weights, and then the EMA
         self.log("train/ce", loss, prog_bar=True, on_step=True)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"], on_step=True)
         return loss
@@ -118,8 +119,17 @@ class ARModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer):
         self.clip_gradients(optimizer, gradient_clip_val=self.optim["clip"], gradient_clip_algorithm="norm")
 
-    def on_train_batch_end(self, outputs, batch, batch_idx):
-        if self.ema is not None and outputs is not None:  # None: a skipped (non-finite) update
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)  # runs training_step through the closure
+        # the EMA follows the update inside the optimizer step, not in on_train_batch_end: callbacks' batch-end
+        # hooks (ModelCheckpoint's) run before the module's, so a checkpoint would miss this batch's update and
+        # a resumed run's EMA would lag the uninterrupted one's
+        if getattr(self, "_stepped", False):
+            self.update_ema()
+        self._stepped = False
+
+    def update_ema(self) -> None:
+        if self.ema is not None:
             self.ema.update(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), step=self.batches_seen)
 
     def validation_step(self, batch, batch_idx):
