@@ -277,6 +277,11 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert out[-1].startswith("ar: geneval32=") and 0 <= float(out[-1].split("=")[1]) <= 1
     assert "FD-VGG" in out[1] and float(out[3].split("|")[-2]) > 0  # random weights: far from the world
     assert main(["--n", "6", "--models", str(ar), "--tokenizer", str(tmp_path / "other")]) == 2
+    # sampling settings other than the recorded ones, for tuning them on another prompt set
+    assert main(["--n", "3", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer),
+                 "--cfg-scale", "7", "--prompt-seed", "777"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[3].split("|")
+    assert float(row[5]) == 7.0  # the CFG column
 
 
 def test_token_batches_resume_where_they_stopped():

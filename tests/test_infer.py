@@ -155,3 +155,22 @@ def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
         load_ar(tiny_zoo / "multi", resolution=32)
     with pytest.raises(ValueError, match="not at 64 px"):
         load_ar(tiny_zoo / "ar128", resolution=64)
+
+
+def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zoo, tmp_path):
+    import json
+    import shutil
+
+    from mulosd.pipeline import Pipeline
+    from mulosd.zoo import load_ar
+
+    shutil.copytree(tiny_zoo / "multi", tmp_path / "multi")
+    config = json.loads((tmp_path / "multi" / "config.json").read_text())
+    config["sample_by_resolution"] = {"64": {"cfg_scale": 7.0}}
+    (tmp_path / "multi" / "config.json").write_text(json.dumps(config))  # the weights' hash is unchanged
+    assert load_ar(tmp_path / "multi", resolution=64)[2]["sample"]["cfg_scale"] == 7.0
+    assert load_ar(tmp_path / "multi")[2]["sample"]["cfg_scale"] == config["sample"]["cfg_scale"]
+    models = [f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tmp_path / 'multi'}",
+              f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
+    pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
+    assert pipe.drafter_cfg_scale == 7.0 and pipe.cfg_scale == config["sample"]["cfg_scale"]

@@ -59,13 +59,14 @@ class Pipeline:
 
     def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
                  drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
-                 small=None, small_encoder=None, conditioner=None):
+                 small=None, small_encoder=None, conditioner=None, drafter_cfg_scale: float | None = None):
         self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
         # conditioning computed once per batch before decoding (Tar's LLM and TA-Tok): `prepare(captions, seed,
         # image_ids)`, and `seconds` per stage of the last batch
         self.conditioner = conditioner
         self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
         self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
+        self.drafter_cfg_scale = drafter_cfg_scale  # its recorded guidance (None: the verifier's)
         self.up, self.down = up, down  # U_r and D_r as token -> token callables
         self.small, self.small_encoder = small, small_encoder  # sd / lantern's same-resolution drafter
 
@@ -100,8 +101,11 @@ class Pipeline:
         if "mulosd" in strategies:
             low = meta["resolution"] // r
             if m.drafter is None and low in (meta.get("resolutions") or []):
-                # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache
+                # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache,
+                # and the guidance the export records for that size, if it records one
                 drafter, drafter_encoder = verifier.at_grid(verifier.cfg.grid // r), encoder
+                extra["drafter_cfg_scale"] = (meta.get("sample_by_resolution") or {}).get(str(low), {}).get(
+                    "cfg_scale")
             else:
                 name = m.drafter or f"synthscenes_ar_{low}"
                 drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
@@ -267,7 +271,8 @@ def _decode_sd(acceptance: str):
 
 def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
     # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
-    drafter = p.backbone("drafter", cfg.draft_cfg_scale, compile=cfg.compile)
+    scale = p.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
+    drafter = p.backbone("drafter", scale, compile=cfg.compile)
     return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours,
                          from_config(MuLoSDConfig, cfg), **common)
 

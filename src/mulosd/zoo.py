@@ -163,6 +163,10 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
             raise ValueError(f"{path} draws at {', '.join(f'{s} px' for s in sizes)}, not at {resolution} px")
         model = model.at_grid(resolution // (meta["resolution"] // model.cfg.grid))
         meta = meta | {"resolution": resolution}
+    # a multi-resolution export may record sampling defaults per size ({"64": {...}}), over the shared ones
+    per_size = (meta.get("sample_by_resolution") or {}).get(str(meta["resolution"]))
+    if per_size:
+        meta = meta | {"sample": meta["sample"] | per_size}
     return model, encoder, meta
 
 

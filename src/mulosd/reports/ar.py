@@ -28,12 +28,13 @@ MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
-             progress: bool = True, resolution: int | None = None, fd_radius: tuple[float, float] | None = None
-             ) -> dict:
+             progress: bool = True, resolution: int | None = None, fd_radius: tuple[float, float] | None = None,
+             sample: dict | None = None) -> dict:
+    """`sample` overrides the model's recorded sampling defaults (cfg_scale, temperature, top_k, top_p)."""
     model, encoder, meta = load_ar(model_name, resolution=resolution)
     check_same_tokenizer(meta, tokenizer_name, model_name)
     tokenizer = load_tokenizer(tokenizer_name)
-    s = meta["sample"]
+    s = meta["sample"] | (sample or {})
     warpers = Warpers(s["temperature"], s["top_k"], s["top_p"])
     images, start = [], time.perf_counter()
     for i in tqdm(range(0, len(prompts), batch), desc=f"{model_name} {meta['resolution']} px", disable=not progress):
@@ -43,7 +44,7 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
         images += tokens_to_images(tokenizer, tokens)
     batched_s = time.perf_counter() - start
     lat = []
-    for i in range(latency_prompts):  # batch 1, as the paper reports latency
+    for i in range(min(latency_prompts, len(prompts))):  # batch 1, as the paper reports latency
         _, trace = decode_ar(ARBackbone(model, encoder, cfg_scale=s["cfg_scale"]), [prompts[i]], seed=0,
                              warpers=warpers, image_ids=torch.tensor([i]))
         lat.append(trace.wall_s / trace.steps)
@@ -72,7 +73,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fd", action="store_true", help="also FD-VGG against the world's renders of the prompts")
     ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
                     help="the world geometry of the FD references (object half-size range)")
+    ap.add_argument("--cfg-scale", type=float, help="instead of each model's recorded guidance scale")
+    ap.add_argument("--temperature", type=float, help="instead of each model's recorded temperature")
+    ap.add_argument("--top-k", type=int, help="instead of each model's recorded top-k")
     args = ap.parse_args(argv)
+    sample = {k: v for k, v in (("cfg_scale", args.cfg_scale), ("temperature", args.temperature),
+                                ("top_k", args.top_k)) if v is not None}
     if args.n < 1 or args.batch < 1:
         ap.error("--n and --batch must be >= 1")
     if args.prompt_seed == 0:
@@ -87,7 +93,7 @@ def main(argv=None) -> int:
             for px in sizes:
                 label = f"{name}@{px}" if len(sizes) > 1 else name
                 rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px,
-                                       fd_radius=tuple(args.radius) if args.fd else None)
+                                       fd_radius=tuple(args.radius) if args.fd else None, sample=sample)
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
