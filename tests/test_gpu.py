@@ -1,5 +1,6 @@
 """The CUDA path (run by scripts/gpu_check.sh; skipped without a GPU): bf16 decoding agrees with fp32 on the
-CPU, every strategy runs on the device with CFG and batch > 1, and a sampler trains in bf16-mixed."""
+CPU, every strategy runs on the device with CFG and batch > 1, the compiled step (CUDA graphs) changes no
+token, and a sampler trains in bf16-mixed."""
 
 import pytest
 import torch
@@ -43,3 +44,17 @@ def test_every_strategy_runs_on_the_gpu_in_bf16():
                       decode_mulosd(bb(verifier), bb(drafter), up.up, down.down, CAPS,
                                     neighbour_table(codebook, 4).cuda(), MuLoSDConfig(tau=0.1, pool_k=4))):
         assert tokens.shape == (2, 8, 8) and tokens.is_cuda and 0 <= int(tokens.min()) <= int(tokens.max()) < 64
+
+
+def test_the_compiled_step_with_cuda_graphs_changes_no_token():
+    """compile=true on the device (torch.compile with CUDA graphs): plain AR and SJD give the eager tokens in
+    fp32 (bf16 rounding could flip a near-tie; fp32 keeps the comparison exact to the noise)."""
+    from mulosd.decoding import SJDConfig, decode_sjd
+
+    verifier, enc = _models(8).cuda(), SceneCaptionEncoder(16).eval().cuda()
+    eager, _ = decode_ar(ARBackbone(verifier, enc, 3.0), CAPS, seed=1)
+    compiled, _ = decode_ar(ARBackbone(verifier, enc, 3.0, compile=True), CAPS, seed=1)
+    assert torch.equal(eager, compiled)
+    eager, _ = decode_sjd(ARBackbone(verifier, enc, 3.0), CAPS, SJDConfig(window=4), seed=1)
+    compiled, _ = decode_sjd(ARBackbone(verifier, enc, 3.0, compile=True), CAPS, SJDConfig(window=4), seed=1)
+    assert torch.equal(eager, compiled)
