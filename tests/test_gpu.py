@@ -1,6 +1,6 @@
 """The CUDA path (run by scripts/gpu_check.sh; skipped without a GPU): bf16 decoding agrees with fp32 on the
-CPU, every strategy runs on the device with CFG and batch > 1, the compiled step (CUDA graphs) changes no
-token, and a sampler trains in bf16-mixed."""
+CPU, every strategy runs on the device with CFG and batch > 1, and the compiled step (CUDA graphs) changes no
+token."""
 
 import pytest
 import torch
