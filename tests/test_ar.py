@@ -397,6 +397,32 @@ def test_a_multi_resolution_module_averages_the_loss_over_its_grids():
     assert torch.allclose(m.loss(batch), (ce16.mean() + ce32.mean()) / 2)
 
 
+def test_compiled_training_gives_the_eager_loss_and_gradients_at_every_grid():
+    torch.manual_seed(1)
+    batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4)), 16: torch.randint(0, 48, (3, 2, 2))},
+             "caption": _captions(3)}
+    drop = torch.tensor([False, True, False])
+    grads = []
+    for compiled in (False, True):
+        m = _module(grids=(2, 4), resolutions=[16, 32], compile=compiled).train()
+        loss = m.loss(batch, drop)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in m.model.parameters()]))
+        assert len(m._compiled) == (2 if compiled else 0), "one compiled graph per grid, and only when asked"
+        m.eval()  # validation runs eagerly
+        assert torch.allclose(m.token_ce(batch, 32), token_ce_eager(m, batch, 32))
+    (l0, g0), (l1, g1) = grads
+    assert torch.allclose(l0, l1, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1, strict=True))
+
+
+def token_ce_eager(m, batch, size):
+    from mulosd.lit.ar import token_ce
+
+    grid = size // m.px_per_token
+    return token_ce(m.model.at_grid(grid), batch["tokens"][size].flatten(1), m.encoder(batch["caption"]), None)
+
+
 def test_training_time_adds_up_over_a_resumed_run(monkeypatch):
     import mulosd.lit.ar as lit
 

@@ -6,13 +6,15 @@ transformer trains on every grid of the same scenes at once, the loss averaged o
 the one it exports as its default). Two optional levers: `object_weight` multiplies the
 loss of the tokens that hold an object (the world knows each object's mask; most tokens are background
 texture, which GenEval never checks), and `ema` keeps an exponential moving average of the weights (timm's
-ModelEmaV3), which validation, the samples and the export then use. Validation reports the CE on held-out
-scenes (all tokens, object tokens, background tokens) and draws a few captions with plain AR decoding and
-guidance, decoded by the tokenizer and judged.
+ModelEmaV3), which validation, the samples and the export then use. With `compile` the training forward and
+backward run through torch.compile (one graph per grid), the tokens and the schedule unchanged. Validation
+reports the CE on held-out scenes (all tokens, object tokens, background tokens) and draws a few captions with
+plain AR decoding and guidance, decoded by the tokenizer and judged.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -38,12 +40,19 @@ def build_ar(transformer: dict) -> tuple[Transformer, SceneCaptionEncoder]:
     return Transformer(cfg), SceneCaptionEncoder(cfg.cond_dim)
 
 
+def token_ce(model: Transformer, tokens: torch.Tensor, cond: torch.Tensor, drop: torch.Tensor | None
+             ) -> torch.Tensor:
+    """Per-token CE [B, N] of teacher-forced sequences tokens [B, N] under condition features cond."""
+    logits = model(tokens, cond, drop)
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), reduction="none").view_as(tokens)
+
+
 class ARModule(L.LightningModule):
     optimizer_steps_per_batch = 1
 
     def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
                  optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0,
-                 resolutions: list[int] | None = None):
+                 resolutions: list[int] | None = None, compile: bool = False):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         self.model, self.encoder = build_ar(transformer)
@@ -59,6 +68,7 @@ class ARModule(L.LightningModule):
         # wall-clock of training, summed over a resumed run's segments (the export records it)
         self.train_seconds, self._segment = 0.0, None
         self.px_per_token = resolution // self.model.cfg.grid
+        self._compiled: dict[int, object] = {}  # grid -> the compiled training CE of the model at that grid
 
     def configure_optimizers(self):
         o = self.optim
@@ -75,10 +85,17 @@ class ARModule(L.LightningModule):
     def token_ce(self, batch: dict, size: int, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
         """Per-token CE [B, N] of the teacher-forced sequences at `size` px (with the EMA weights if asked)."""
         nets = self.ema.module if ema else {"model": self.model, "encoder": self.encoder}
-        tokens = batch["tokens"][size].flatten(1)
-        model = nets["model"].at_grid(size // self.px_per_token)
-        logits = model(tokens, nets["encoder"](batch["caption"]), drop)
-        return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten(), reduction="none").view_as(tokens)
+        tokens, grid = batch["tokens"][size].flatten(1), size // self.px_per_token
+        cond = nets["encoder"](batch["caption"])
+        if self.hparams["compile"] and self.training and not ema:
+            return self._compiled_ce(grid)(tokens, cond, drop)
+        return token_ce(nets["model"].at_grid(grid), tokens, cond, drop)
+
+    def _compiled_ce(self, grid: int):
+        # one view per grid, kept: a fresh `at_grid` view on every call would fail dynamo's guards and recompile
+        if grid not in self._compiled:
+            self._compiled[grid] = torch.compile(functools.partial(token_ce, self.model.at_grid(grid)))
+        return self._compiled[grid]
 
     def loss(self, batch: dict, drop: torch.Tensor | None = None) -> torch.Tensor:
         """The (object-weighted) mean token CE, averaged over the model's grids."""
