@@ -2,7 +2,8 @@
 
 from .backbone import ARBackbone
 from .conditioning import CaptionEncoder
-from .sampling import Warpers, sample, warp
+from .sampling import Warpers, draw, sample, warp
 from .transformer import KVCache, Transformer, TransformerConfig
 
-__all__ = ["ARBackbone", "CaptionEncoder", "KVCache", "Transformer", "TransformerConfig", "Warpers", "sample", "warp"]
+__all__ = ["ARBackbone", "CaptionEncoder", "KVCache", "Transformer", "TransformerConfig", "Warpers", "draw", "sample",
+           "warp"]

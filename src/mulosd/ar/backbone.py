@@ -3,6 +3,7 @@
     bb = ARBackbone(model, encoder, cfg_scale=3.0)
     logits0 = bb.start(captions)               # condition prefix into the cache; logits for position 0
     logits = bb(positions, tokens)             # write tokens at grid positions; logits for position + 1
+    tokens = bb.draw(logits, warpers, seed, images, positions + 1)   # warp and sample (compiled with the step)
     bb.forget(positions)                       # un-fill slots: discarded drafts leave the context
 
 Positions are raster indices on the grid, any set per call ([B, n]); each written token attends to the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from .sampling import Warpers, draw
 from .transformer import KVCache, Transformer
 
 
@@ -26,7 +28,8 @@ class ARBackbone:
         self.cache: KVCache | None = None
         self.calls = self.tokens_in = 0
         # the decode step compiled (torch.compile, static shapes): token counts padded up to a few buckets
-        self._step = compiled_step(model) if compile else None
+        self._step = compiled_step(model, self.cfg_scale) if compile else None
+        self._draw = compiled_draw() if compile else draw
 
     @property
     def guided(self) -> bool:
@@ -54,11 +57,12 @@ class ARBackbone:
         return next(self.model.parameters()).device
 
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = logits.float()
-        if not self.guided:
-            return logits
-        c, u = logits.chunk(2)
-        return u + self.cfg_scale * (c - u)
+        return guide(logits, self.cfg_scale)
+
+    def draw(self, logits: torch.Tensor, warpers: Warpers, seed: int, images: torch.Tensor, positions: torch.Tensor
+             ) -> torch.Tensor:
+        """`sample(warp(logits, warpers), seed, images, positions)`, compiled with the step when it is."""
+        return self._draw(logits, warpers, seed, images, positions)
 
     @torch.no_grad()
     def start(self, captions: list[str]) -> torch.Tensor:
@@ -101,7 +105,9 @@ class ARBackbone:
             # computes the same K/V twice, and the extra outputs are dropped
             width = bucket(n)
             slots, tokens = (torch.cat([t, t[:, -1:].expand(-1, width - n)], 1) for t in (slots, tokens))
-            logits = self._step(slots, tokens, self.cache)[:, :n]
+            self.calls += 1
+            self.tokens_in += positions.numel()
+            return self._step(slots, tokens, self.cache)[:, :n]  # guidance is part of the compiled step
         self.calls += 1
         self.tokens_in += positions.numel()
         return self._combine(logits)
@@ -123,8 +129,20 @@ class ARBackbone:
         self.cache.filled[rows[:, None], slots] = False
 
 
+def guide(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """Classifier-free guidance in float32: rows [conditional; null] -> u + scale * (c - u) (scale 1: c alone,
+    and no null rows were run)."""
+    logits = logits.float()
+    if scale == 1.0:
+        return logits
+    c, u = logits.chunk(2)
+    return u + scale * (c - u)
+
+
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-_COMPILED: dict[int, tuple] = {}  # id(model) -> (model, compiled step): one set of graphs per model (or view)
+# (id(model), guidance scale) -> (model, compiled step): one set of graphs per model (or view) and scale
+_COMPILED: dict[tuple[int, float], tuple] = {}
+_DRAW = None
 
 
 def bucket(n: int) -> int:
@@ -132,22 +150,41 @@ def bucket(n: int) -> int:
     return next((b for b in BUCKETS if b >= n), n)
 
 
-def compiled_step(model: Transformer):
-    """`model.step` on token ids, compiled once per model object with static shapes (inductor): every
-    (rows, bucket) pair compiles once per process; a new KV cache of the same shape reuses the graphs."""
-    if id(model) not in _COMPILED or _COMPILED[id(model)][0] is not model:
+def compiled_step(model: Transformer, cfg_scale: float):
+    """`model.step` on token ids and guidance, compiled once per model object and scale with static shapes
+    (inductor): every (rows, bucket) pair compiles once per process; a new KV cache of the same shape reuses
+    the graphs."""
+    key = (id(model), cfg_scale)
+    if key not in _COMPILED or _COMPILED[key][0] is not model:
 
         def step(slots, tokens, cache):
-            return model.step(slots, model.embed(tokens), cache)
+            return guide(model.step(slots, model.embed(tokens), cache), cfg_scale)
 
-        # CPU: inductor's own GEMM templates beat the library's per-call cost on these small matrices; GPU: CUDA
-        # graphs remove the launch cost (untested here: no GPU)
-        mode = "reduce-overhead" if next(model.parameters()).is_cuda else "max-autotune-no-cudagraphs"
-        # one graph per (rows, bucket): a MuLo-SD or SJD decode meets more than dynamo's default 8, after which
-        # it would silently run the rest eagerly
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        _COMPILED[id(model)] = (model, torch.compile(step, dynamic=False, mode=mode))
-    return _COMPILED[id(model)][1]
+        _allow_recompiles()
+        if next(model.parameters()).is_cuda:  # CUDA graphs remove the launch cost (untested here: no GPU)
+            compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
+        else:
+            # cpp_wrapper: the graph's kernels are called from generated C++, not one Python call each; on these
+            # small matrices that per-call cost, not the arithmetic, is most of a step
+            compiled = torch.compile(step, dynamic=False, options={"cpp_wrapper": True})
+        _COMPILED[key] = (model, compiled)
+    return _COMPILED[key][1]
+
+
+def compiled_draw():
+    """`draw` (warpers, Gumbel noise, argmax) compiled: one fused loop over the vocabulary instead of some
+    thirty small tensor operations. A graph per (shape, warpers, seed)."""
+    global _DRAW
+    if _DRAW is None:
+        _allow_recompiles()
+        _DRAW = torch.compile(draw, dynamic=False)
+    return _DRAW
+
+
+def _allow_recompiles() -> None:
+    # one graph per (rows, bucket): a MuLo-SD or SJD decode meets more than dynamo's default 8, after which
+    # it would silently run the rest eagerly
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
 
 
 def _features(encoded) -> tuple[torch.Tensor, torch.Tensor | None]:

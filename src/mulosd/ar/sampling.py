@@ -52,3 +52,10 @@ def sample(logp: torch.Tensor, seed: int, images: torch.Tensor, positions: torch
     """Gumbel-max over warped log-probabilities [B, n, V] with noise keyed by (seed, image, position, stream):
     an exact sample of softmax(logp), identical whenever the same distribution is queried at the same key."""
     return (logp + gumbel(seed, images, positions, logp.shape[-1], stream)).argmax(-1)
+
+
+def draw(logits: torch.Tensor, warpers: Warpers, seed: int, images: torch.Tensor, positions: torch.Tensor
+         ) -> torch.Tensor:
+    """Tokens [B, n] sampled from logits [B, n, V] under the warpers: `sample(warp(...))` as one function, which
+    a compiled backbone compiles into one kernel (`ARBackbone.draw`)."""
+    return sample(warp(logits, warpers), seed, images, positions)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..ar import ARBackbone, Warpers, sample, warp
+from ..ar import ARBackbone, Warpers
 from .trace import Trace
 
 
@@ -22,7 +22,7 @@ def decode_ar(backbone: ARBackbone, captions: list[str], seed: int = 0, warpers:
     tokens = torch.empty(B, g * g, dtype=torch.long, device=logits.device)
     for i in range(g * g):
         pos = torch.full((B, 1), i, device=logits.device)
-        tokens[:, i:i + 1] = sample(warp(logits, warpers), seed, ids, pos)
+        tokens[:, i:i + 1] = backbone.draw(logits, warpers, seed, ids, pos)
         if i + 1 < g * g:
             logits = backbone(pos, tokens[:, i:i + 1])
         if progress is not None:

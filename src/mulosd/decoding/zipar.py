@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ar import ARBackbone, Warpers, sample, warp
+from ..ar import ARBackbone, Warpers
 from .knobs import check
 from .trace import Trace
 
@@ -42,7 +42,7 @@ def decode_zipar(backbone: ARBackbone, captions: list[str], window: int = 4, see
     first = backbone.start(captions)
 
     def draw(logits, pos):
-        return sample(warp(logits, warpers), seed, ids, pos)
+        return backbone.draw(logits, warpers, seed, ids, pos)
 
     trace.steps = 1 + zipar_rows(backbone, tokens, 0, W, window, first, draw, trace, progress)
     return tokens.view(B, W, W), trace.stop()
