@@ -88,6 +88,7 @@ class TrainerConfig:
     enable_progress_bar: bool = True
     fast_dev_run: Any = False
     deterministic: bool = False
+    max_time: str | None = None  # "DD:HH:MM:SS": stop there, checkpoint and export (a GPU run's time budget)
 
 
 @dataclass

@@ -50,8 +50,9 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
         if masks is not None and not all("scene" in m for m in batch["meta"]):
             masks = None  # not a SynthScenes shard set: no object masks for this split
         scenes = [Scene.from_dict(m["scene"]) for m in batch["meta"]] if masks is not None else []
+        device = next(tokenizer.parameters()).device
         for x in views:
-            t = tokenizer.encode(x).to(torch.int16)
+            t = tokenizer.encode(x.to(device)).to("cpu", torch.int16)
             grids.setdefault(x.shape[-1], []).append(t)
             if masks is not None:
                 g = t.shape[-1]
@@ -127,7 +128,8 @@ class TokenDataModule(L.LightningDataModule):
         self.shards.prepare_data()
         todo = {s: u for s, u in self._splits().items() if not Path(str(self._path(s, u)) + ".safetensors").exists()}
         if todo:
-            tok = load_tokenizer(self.tokenizer_name).eval()
+            # on a GPU machine the encoder runs there (tokenising is most of a GPU run's data preparation)
+            tok = load_tokenizer(self.tokenizer_name, device="cuda" if torch.cuda.is_available() else "cpu").eval()
             for split, urls in todo.items():
                 tokenize_split(tok, urls, self.shards.image_size, self.shards.ratios, self._path(split, urls))
 

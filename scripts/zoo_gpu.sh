@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Zoo v2's AR model (one multi-resolution transformer, 64 + 128 px) trained on one GPU in under 10 minutes:
+# the CPU recipe of record (experiment=zoo_ar_v2: world big, 49152 scenes, both grids, object weight 2, EMA,
+# compiled training) with a GPU's batch (128 scenes, 4000 batches: the same 10 epochs; lr x2, warm-up and EMA
+# horizon scaled with the batch count), then its export and the AR report (GenEval at 64 and 128 px on 200
+# held-out prompts, FD-VGG). Untested on a GPU so far (none lent yet); `smoke` runs every step shrunk here.
+#
+#   scripts/zoo_gpu.sh wheels     # here, once: the Python packages the GPU machine lacks -> .whl/ (git-ignored)
+#   scripts/zoo_gpu.sh            # there, through the device tool with carry [".whl"], timeout_s 600;
+#                                 # what to keep lands in $OUT (export, report, logs: at most 8 files)
+#   scripts/zoo_gpu.sh smoke      # here: the same steps on 2 shards and 4 batches, on the CPU
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS="hydra-core==1.3.2 omegaconf==2.3.0 webdataset==1.0.2 braceexpand==0.1.7"
+
+if [ "${1:-}" = wheels ]; then
+    grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
+    mkdir -p .whl
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux2014_x86_64 -d .whl $WHEELS
+    python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # omegaconf's parser: an sdist only
+    ls .whl
+    exit 0
+fi
+
+if [ -x .venv/bin/python ]; then
+    PY=${PY:-.venv/bin/python}
+else  # the GPU machine: its own python3 and torch, our wheels, this checkout's sources
+    PY=${PY:-python3}
+    if [ -d .whl ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    fi
+    export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+
+RUN=${RUN:-/tmp/zoo_ar_v2_gpu}
+OUT=${OUT:-$RUN/out}
+TRAIN=(experiment=zoo_ar_v2 "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs" "data.synth.dir=$RUN/shards"
+       "data.token_cache=$RUN/tokens" model.optim.lr=2e-3 model.ema=0.996)
+if [ "${1:-}" = smoke ]; then
+    TRAIN+=(trainer=cpu data.synth.train_shards=2 data.synth.per_shard=64 data.batch_size=16 model.train.batches=4
+            model.train.val_every=2 model.train.ckpt_every=2 model.train.val_batches=1 model.optim.warmup_batches=0
+            model.compile=false)
+    REPORT=(--n 8 --batch 8)
+    rm -rf "$RUN"
+else
+    TRAIN+=(trainer=gpu data.batch_size=128 model.train.batches=4000 model.optim.warmup_batches=50 model.train.val_every=500
+            model.train.ckpt_every=500 trainer.max_time=00:00:05:00)
+    REPORT=(--n 200 --fd --radius 0.11 0.145)
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+fi
+mkdir -p "$OUT"
+
+SECONDS=0
+"$PY" train.py "${TRAIN[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" | tee "$OUT/train.log"
+echo "trained in ${SECONDS} s" | tee -a "$OUT/train.log"
+"$PY" -m mulosd.reports.ar --models "$RUN/export" "${REPORT[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" \
+    | tee "$OUT/report.txt"
+echo "total ${SECONDS} s" | tee -a "$OUT/report.txt"
+cp "$RUN"/export/* "$OUT/"
+cp "$(ls -t "$RUN"/logs/*/version_*/metrics.csv 2>/dev/null | head -1 || find "$RUN/logs" -name metrics.csv | head -1)" \
+    "$OUT/metrics.csv" 2>/dev/null || true
+ls -la "$OUT"
