@@ -505,8 +505,8 @@ def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
 
 @pytest.mark.slow
 def test_the_compiled_step_changes_no_token():
-    """compile=true (torch.compile, token counts padded to buckets) against the eager step, fp64: plain AR the
-    same token for token, MuLo-SD with every draft rejected and serial resampling still plain AR, and an
+    """compile=true (torch.compile, token counts padded to buckets) against the eager step, fp64: plain AR and
+    ZipAR the same token for token, MuLo-SD with every draft rejected and serial resampling still plain AR, and an
     image the same alone and in a batch."""
     verifier, drafter, enc, u, d, nb = MODELS
 
@@ -516,6 +516,9 @@ def test_the_compiled_step_changes_no_token():
     eager, _ = decode_ar(bb(verifier, False), CAPTIONS, seed=5)
     compiled, trace = decode_ar(bb(verifier, True), CAPTIONS, seed=5)
     assert torch.equal(compiled, eager) and trace.forwards["verifier"] == 64
+    # ZipAR draws through the compiled sampler too (and writes several rows per forward)
+    eager_zipar, _ = decode_zipar(bb(verifier, False), CAPTIONS, window=2, seed=5)
+    assert torch.equal(decode_zipar(bb(verifier, True), CAPTIONS, window=2, seed=5)[0], eager_zipar)
     cfg = MuLoSDConfig(tau=1.5, resample="serial")
     got, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS, nb, cfg, seed=5)
     assert torch.equal(got, eager)
