@@ -504,6 +504,25 @@ def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
 
 
 @pytest.mark.slow
+def test_after_precompile_no_decode_compiles():
+    """The bench's warm-up: once precompile has run for a batch, ar and ZipAR decodes of that batch size
+    compile nothing more, so no compilation falls inside a timed decode."""
+    from torch._dynamo.utils import counters
+
+    verifier, _, enc, *_ = MODELS
+    bb = ARBackbone(verifier, enc, 2.5, compile=True)  # a scale no other test compiles: graphs of its own
+    bb.precompile(CAPTIONS, Warpers(), seed=7)
+    assert bb.cache is None and bb.calls == 0
+    compiled = counters["frames"]["ok"]
+    for window in (1, 2, 8):
+        decode_zipar(bb, CAPTIONS, window=window, seed=7)
+    decode_ar(bb, CAPTIONS, seed=7)
+    assert counters["frames"]["ok"] == compiled, "a decode compiled a graph precompile did not"
+    decode_ar(bb, CAPTIONS, seed=8)  # the check can fail: a new seed is a new draw graph
+    assert counters["frames"]["ok"] > compiled
+
+
+@pytest.mark.slow
 def test_the_compiled_step_changes_no_token():
     """compile=true (torch.compile, token counts padded to buckets) against the eager step, fp64: plain AR and
     ZipAR the same token for token, MuLo-SD with every draft rejected and serial resampling still plain AR, and an

@@ -117,6 +117,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             ids = torch.arange(start, start + len(chunk))
             if point.name not in warmup:  # the first decode of a point in this process is not timed
                 t = time.perf_counter()
+                pipes[key].precompile(point.strategy, icfg, chunk)
                 pipes[key].decode(point.strategy, icfg, chunk, ids)
                 warmup[point.name] = time.perf_counter() - t
             tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
@@ -158,6 +159,8 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
                 if key not in pipes:
                     pipes[key] = Pipeline.from_config(icfg, {"ar", *cfg.strategies})
                 chunk = prompts[start or 0:(start or 0) + size]
+                if start is None:
+                    pipes[key].precompile(point.strategy, icfg, chunk)
                 _, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(len(chunk)) + (start or 0))
                 if start is not None:
                     seconds[point.name] += trace.wall_s

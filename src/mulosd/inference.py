@@ -64,6 +64,7 @@ def _compare(pipe: Pipeline, cfg: DictConfig, texts: list[str]):
     strategy = cfg.decoding
     for s in (strategy, "ar"):
         t = time.perf_counter()
+        pipe.precompile(s, cfg, texts[:cfg.batch_size])
         decode_all(pipe, s, cfg, texts[:cfg.batch_size])
         log.info(f"{s}: warm-up {time.perf_counter() - t:.1f} s (untimed" + (", compilation included)" if cfg.compile
                                                                          else ")"))

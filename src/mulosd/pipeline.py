@@ -190,6 +190,21 @@ class Pipeline:
                           "small": (self.small, self.small_encoder)}[which]
         return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile)
 
+    def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
+        """With cfg.compile: compile every graph a decode of this batch size can meet, for the models the
+        strategy runs (the bench's and compare=true's warm-up), so that no timed decode compiles."""
+        if not cfg.compile:
+            return
+        if self.conditioner is not None:  # Tar: the batch's features, as a decode prepares them
+            self.conditioner.prepare(captions, cfg.seed, torch.arange(len(captions)))
+        backbones = [self.backbone(compile=True)]
+        if STRATEGIES[strategy].drafts_with == "drafter":
+            backbones.append(self.backbone("drafter", _drafter_scale(self, cfg), compile=True))
+        elif STRATEGIES[strategy].drafts_with == "small":
+            backbones.append(self.backbone("small", compile=True))
+        for bb in backbones:
+            bb.precompile(captions, self.warpers, cfg.seed)
+
     def decode(self, strategy: str, cfg: DictConfig, captions: list[str], ids: torch.Tensor, progress=None,
                rounds: bool = False):
         """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i].
@@ -269,10 +284,13 @@ def _decode_sd(acceptance: str):
     return run
 
 
-def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
+def _drafter_scale(p: Pipeline, cfg: DictConfig) -> float | None:
     # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
-    scale = p.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
-    drafter = p.backbone("drafter", scale, compile=cfg.compile)
+    return p.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
+
+
+def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
+    drafter = p.backbone("drafter", _drafter_scale(p, cfg), compile=cfg.compile)
     return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours,
                          from_config(MuLoSDConfig, cfg), **common)
 

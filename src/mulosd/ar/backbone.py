@@ -61,8 +61,34 @@ class ARBackbone:
 
     def draw(self, logits: torch.Tensor, warpers: Warpers, seed: int, images: torch.Tensor, positions: torch.Tensor
              ) -> torch.Tensor:
-        """`sample(warp(logits, warpers), seed, images, positions)`, compiled with the step when it is."""
-        return self._draw(logits, warpers, seed, images, positions)
+        """`sample(warp(logits, warpers), seed, images, positions)`, compiled with the step when it is (the
+        positions padded to a bucket like the step's: each is drawn on its own, the padding is dropped)."""
+        if self._step is None:
+            return draw(logits, warpers, seed, images, positions)
+        n = positions.shape[1]
+        width = bucket(n)
+        if width != n:
+            logits = torch.cat([logits, logits[:, -1:].expand(-1, width - n, -1)], 1)
+            positions = torch.cat([positions, positions[:, -1:].expand(-1, width - n)], 1)
+        # contiguous: a graph is specialised on strides too, and logits often arrive as a slice of a wider output
+        return self._draw(logits.contiguous(), warpers, seed, images, positions.contiguous())[:, :n]
+
+    @torch.no_grad()
+    def precompile(self, captions: list[str], warpers: Warpers, seed: int) -> None:
+        """Compile the step for every bucket a decode of this batch can write, and the draw for every bucket
+        of up to a row, so that no later decode compiles inside a timed region (compile=true; eager: nothing
+        to do). Leaves no cache behind: the next decode starts its own."""
+        if self._step is None:
+            return
+        N, ids = self.grid * self.grid, torch.arange(len(captions), device=self.device)
+        for width in BUCKETS[:BUCKETS.index(bucket(N)) + 1]:
+            self.start(captions)
+            pos = torch.arange(min(width, N), device=self.device).expand(len(captions), -1)
+            logits = self(pos, torch.zeros_like(pos))
+            if width <= bucket(self.grid):
+                self.draw(logits, warpers, seed, ids, pos)
+        self.cache = None
+        self.calls = self.tokens_in = 0
 
     @torch.no_grad()
     def start(self, captions: list[str]) -> torch.Tensor:
