@@ -117,7 +117,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             ids = torch.arange(start, start + len(chunk))
             if point.name not in warmup:  # the first decode of a point in this process is not timed
                 t = time.perf_counter()
-                pipes[key].precompile(point.strategy, icfg, chunk)
+                for n in _batch_sizes(len(prompts), cfg.batch_size):  # a shorter last batch has shapes of its own
+                    pipes[key].precompile(point.strategy, icfg, prompts[:n])
                 pipes[key].decode(point.strategy, icfg, chunk, ids)
                 warmup[point.name] = time.perf_counter() - t
             tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
@@ -136,6 +137,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
     return summarise(cfg, out, prompts, points, done)
+
+
+def _batch_sizes(n: int, batch: int) -> list[int]:
+    """The batch sizes a pass over n prompts in batches of `batch` decodes: the full one, and a shorter last."""
+    return sorted({min(batch, n), n % batch} - {0})
 
 
 def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
@@ -160,7 +166,8 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
                     pipes[key] = Pipeline.from_config(icfg, {"ar", *cfg.strategies})
                 chunk = prompts[start or 0:(start or 0) + size]
                 if start is None:
-                    pipes[key].precompile(point.strategy, icfg, chunk)
+                    for n in _batch_sizes(len(prompts), size):
+                        pipes[key].precompile(point.strategy, icfg, prompts[:n])
                 _, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(len(chunk)) + (start or 0))
                 if start is not None:
                     seconds[point.name] += trace.wall_s
