@@ -190,8 +190,8 @@ def compiled_step(model: Transformer, cfg_scale: float):
         if next(model.parameters()).is_cuda:  # CUDA graphs remove the launch cost (untested here: no GPU)
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:
-            # cpp_wrapper: the graph's kernels are called from generated C++, not one Python call each; on these
-            # small matrices that per-call cost, not the arithmetic, is most of a step
+            # cpp_wrapper: the graph's kernels are called from generated C++, not one Python call each (what a
+            # one-token step still spends beyond its kernels: docs/results.md)
             compiled = torch.compile(step, dynamic=False, options={"cpp_wrapper": True})
         _COMPILED[key] = (model, compiled)
     return _COMPILED[key][1]
