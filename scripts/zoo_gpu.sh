@@ -37,7 +37,7 @@ export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 RUN=${RUN:-/tmp/zoo_ar_v2_gpu}
 OUT=${OUT:-$RUN/out}
 TRAIN=(experiment=zoo_ar_v2 "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs" "data.synth.dir=$RUN/shards"
-       "data.token_cache=$RUN/tokens" model.optim.lr=2e-3 model.ema=0.996)
+       "data.token_cache=$RUN/tokens" model.optim.lr=2e-3 model.ema=0.996 trainer.max_time=00:00:05:00)
 if [ "${1:-}" = smoke ]; then
     TRAIN+=(trainer=cpu data.synth.train_shards=2 data.synth.per_shard=64 data.batch_size=16 model.train.batches=4
             model.train.val_every=2 model.train.ckpt_every=2 model.train.val_batches=1 model.optim.warmup_batches=0
@@ -46,7 +46,7 @@ if [ "${1:-}" = smoke ]; then
     rm -rf "$RUN"
 else
     TRAIN+=(trainer=gpu data.batch_size=128 model.train.batches=4000 model.optim.warmup_batches=50 model.train.val_every=500
-            model.train.ckpt_every=500 trainer.max_time=00:00:05:00)
+            model.train.ckpt_every=500)
     REPORT=(--n 200 --fd --radius 0.11 0.145)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
