@@ -165,7 +165,8 @@ def guide(logits: torch.Tensor, scale: float) -> torch.Tensor:
     return u + scale * (c - u)
 
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+           6144, 8192)
 # (id(model), guidance scale) -> (model, compiled step): one set of graphs per model (or view) and scale
 _COMPILED: dict[tuple[int, float], tuple] = {}
 _DRAW = None
