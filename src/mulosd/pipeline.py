@@ -82,7 +82,7 @@ class Pipeline:
     def synthscenes(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
         """The SynthScenes zoo (or exported runs given by path in `models.*`)."""
         from .tokenizer.neighbours import cached_neighbour_table
-        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer
+        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer, sample_at
 
         m, r = cfg.models, cfg.r
         tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
@@ -104,8 +104,7 @@ class Pipeline:
                 # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache,
                 # and the guidance the export records for that size, if it records one
                 drafter, drafter_encoder = verifier.at_grid(verifier.cfg.grid // r), encoder
-                extra["drafter_cfg_scale"] = (meta.get("sample_by_resolution") or {}).get(str(low), {}).get(
-                    "cfg_scale")
+                extra["drafter_cfg_scale"] = sample_at(meta, low).get("cfg_scale")
             else:
                 name = m.drafter or f"synthscenes_ar_{low}"
                 drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name)

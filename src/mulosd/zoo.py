@@ -163,11 +163,13 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
             raise ValueError(f"{path} draws at {', '.join(f'{s} px' for s in sizes)}, not at {resolution} px")
         model = model.at_grid(resolution // (meta["resolution"] // model.cfg.grid))
         meta = meta | {"resolution": resolution}
-    # a multi-resolution export may record sampling defaults per size ({"64": {...}}), over the shared ones
-    per_size = (meta.get("sample_by_resolution") or {}).get(str(meta["resolution"]))
-    if per_size:
-        meta = meta | {"sample": meta["sample"] | per_size}
-    return model, encoder, meta
+    return model, encoder, meta | {"sample": meta["sample"] | sample_at(meta, meta["resolution"])}
+
+
+def sample_at(meta: dict, resolution: int) -> dict:
+    """The sampling defaults a multi-resolution export records for one size ({"64": {...}}), which override its
+    shared `sample` there; {} where it records none."""
+    return (meta.get("sample_by_resolution") or {}).get(str(resolution), {})
 
 
 def check_same_tokenizer(meta: dict, tokenizer: str | Path, what: str) -> None:

@@ -56,9 +56,6 @@ class ARBackbone:
     def device(self):
         return next(self.model.parameters()).device
 
-    def _combine(self, logits: torch.Tensor) -> torch.Tensor:
-        return guide(logits, self.cfg_scale)
-
     def draw(self, logits: torch.Tensor, warpers: Warpers, seed: int, images: torch.Tensor, positions: torch.Tensor
              ) -> torch.Tensor:
         """`sample(warp(logits, warpers), seed, images, positions)`, compiled with the step when it is (the
@@ -66,12 +63,9 @@ class ARBackbone:
         if self._step is None:
             return draw(logits, warpers, seed, images, positions)
         n = positions.shape[1]
-        width = bucket(n)
-        if width != n:
-            logits = torch.cat([logits, logits[:, -1:].expand(-1, width - n, -1)], 1)
-            positions = torch.cat([positions, positions[:, -1:].expand(-1, width - n)], 1)
         # contiguous: a graph is specialised on strides too, and logits often arrive as a slice of a wider output
-        return self._draw(logits.contiguous(), warpers, seed, images, positions.contiguous())[:, :n]
+        logits, positions = (_pad(t, bucket(n)).contiguous() for t in (logits, positions))
+        return self._draw(logits, warpers, seed, images, positions)[:, :n]
 
     @torch.no_grad()
     def precompile(self, captions: list[str], warpers: Warpers, seed: int) -> None:
@@ -106,7 +100,7 @@ class ARBackbone:
         logits = self.model.step(slots, prefix, self.cache, fill=fill)[:, -1:]
         self.calls += 1
         self.tokens_in += B * P
-        return self._combine(logits)
+        return guide(logits, self.cfg_scale)
 
     @torch.no_grad()
     def __call__(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -125,18 +119,15 @@ class ARBackbone:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
         n = slots.shape[1]
         if self._step is None or n == 0:
-            logits = self.model.step(slots, self.model.embed(tokens), self.cache)
+            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), self.cfg_scale)
         else:
             # pad to the bucket by repeating the last write: a duplicate write of one slot in one forward
-            # computes the same K/V twice, and the extra outputs are dropped
-            width = bucket(n)
-            slots, tokens = (torch.cat([t, t[:, -1:].expand(-1, width - n)], 1) for t in (slots, tokens))
-            self.calls += 1
-            self.tokens_in += positions.numel()
-            return self._step(slots, tokens, self.cache)[:, :n]  # guidance is part of the compiled step
+            # computes the same K/V twice, and the extra outputs are dropped; guidance is part of the graph
+            slots, tokens = (_pad(t, bucket(n)) for t in (slots, tokens))
+            logits = self._step(slots, tokens, self.cache)[:, :n]
         self.calls += 1
         self.tokens_in += positions.numel()
-        return self._combine(logits)
+        return logits
 
     def forget_mask(self, mask: torch.Tensor) -> None:
         """Un-fill the grid positions where mask [B, N] is true."""
@@ -170,6 +161,12 @@ BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512
 # (id(model), guidance scale) -> (model, compiled step): one set of graphs per model (or view) and scale
 _COMPILED: dict[tuple[int, float], tuple] = {}
 _DRAW = None
+
+
+def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t [B, n, ...] widened to [B, width, ...] along dim 1 by repeating its last entry."""
+    n = t.shape[1]
+    return t if width == n else torch.cat([t, t[:, -1:].expand(-1, width - n, *t.shape[2:])], 1)
 
 
 def bucket(n: int) -> int:

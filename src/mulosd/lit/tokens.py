@@ -45,12 +45,12 @@ def tokenize_split(tokenizer, urls: str, image_size: int, ratios, out: Path, bat
     grids: dict[int, list[torch.Tensor]] = {}
     masks: dict[int, list[torch.Tensor]] | None = {}
     captions, keys, stats = [], [], StreamStats()
+    device = next(tokenizer.parameters()).device
     for batch in tqdm(pipeline, desc=f"tokenising {Path(urls).name}", unit="batch"):
         views = [batch["image"]] + [batch["low"][r] for r in sorted(batch["low"])]
         if masks is not None and not all("scene" in m for m in batch["meta"]):
             masks = None  # not a SynthScenes shard set: no object masks for this split
         scenes = [Scene.from_dict(m["scene"]) for m in batch["meta"]] if masks is not None else []
-        device = next(tokenizer.parameters()).device
         for x in views:
             t = tokenizer.encode(x.to(device)).to("cpu", torch.int16)
             grids.setdefault(x.shape[-1], []).append(t)
