@@ -284,6 +284,32 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert float(row[5]) == 7.0  # the CFG column
 
 
+def test_tuning_picks_the_best_sampling_per_size_and_records_it(tmp_path, tiny_tokenizer, capsys, monkeypatch):
+    from mulosd.reports.ar_tune import main
+    from mulosd.zoo import load_ar
+
+    ar = _export_ar(tmp_path / "ar32", tiny_tokenizer)
+    common = ["--model", str(ar), "--tokenizer", str(tiny_tokenizer), "--n", "6", "--batch", "3"]
+    assert main([*common, "--cfg", "0", "4", "--temperature", "0.5", "2", "--write"]) == 0
+    out = capsys.readouterr().out
+    rows = [r.split("|")[1:5] for r in out.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    assert len(rows) == 4, out
+    scores = [float(r[3]) for r in rows]
+    cfg, temperature = (float(x) for x in rows[scores.index(max(scores))][:2])
+    _, _, meta = load_ar(ar)
+    assert meta["sample_by_resolution"] == {"32": {"cfg_scale": cfg, "temperature": temperature, "top_k": 0}}
+    assert meta["sample"]["cfg_scale"] == cfg and meta["sample_tuned_on"] == {"prompt_seed": 777, "n": 6}
+    # the pick is the best score, the earlier combination on a tie
+    fake = {(0.0, 0.5): 0.2, (0.0, 2.0): 0.6, (4.0, 0.5): 0.6, (4.0, 2.0): 0.1}
+    monkeypatch.setattr("mulosd.reports.ar_tune.evaluate", lambda *a, sample, **k: {
+        "score": {"geneval": fake[sample["cfg_scale"], sample["temperature"]]}})
+    assert main([*common, "--cfg", "0", "4", "--temperature", "0.5", "2", "--write"]) == 0
+    assert load_ar(ar)[2]["sample_by_resolution"]["32"] == {"cfg_scale": 0.0, "temperature": 2.0, "top_k": 0}
+    with pytest.raises(SystemExit) as e:
+        main([*common, "--prompt-seed", "4242"])  # the report's own prompts
+    assert e.value.code == 2 and "tune on another world seed" in capsys.readouterr().err
+
+
 def test_token_batches_resume_where_they_stopped():
     from mulosd.lit.tokens import TokenBatches
 
@@ -421,6 +447,28 @@ def token_ce_eager(m, batch, size):
 
     grid = size // m.px_per_token
     return token_ce(m.model.at_grid(grid), batch["tokens"][size].flatten(1), m.encoder(batch["caption"]), None)
+
+
+def test_a_new_cycle_starts_from_an_export_of_the_same_architecture(tmp_path, tiny_tokenizer):
+    from mulosd.lit.ar import ARModule
+    from mulosd.zoo import load_ar
+
+    ar = _export_ar(tmp_path / "ar32", tiny_tokenizer)
+
+    def module(init_from, **arch):
+        t = dict(vocab_size=32, grid=4, dim=32, layers=1, heads=2, cond_dim=16) | arch
+        return ARModule(transformer=t, tokenizer=str(tiny_tokenizer), resolution=32, cond_dropout=0.0,
+                        sample={}, optim={}, train={"seed": 0}, ema=0.9, init_from=init_from)
+
+    model, enc, _ = load_ar(ar)
+    m, fresh = module(str(ar)), module(None)
+    for own, theirs in ((m.model, model), (m.encoder, enc), (m.ema.module["model"], model)):
+        assert all(torch.equal(p, q) for p, q in zip(own.parameters(), theirs.parameters(), strict=True))
+    assert not torch.equal(fresh.model.head.weight, m.model.head.weight)
+    with pytest.raises(ValueError, match="another architecture .*layers: 1 there, 2 here"):
+        module(str(ar), layers=2)
+    with pytest.raises(FileNotFoundError):
+        module(str(tmp_path / "missing"))
 
 
 def test_training_time_adds_up_over_a_resumed_run(monkeypatch):

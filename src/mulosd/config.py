@@ -174,6 +174,9 @@ class ARModelConfig:
     object_weight: float = 1.0  # loss weight of the tokens that hold an object (SynthScenes knows its masks)
     ema: float = 0.0  # decay of an EMA of the weights, used for validation and export (0 = none)
     compile: bool = False  # the training forward and backward through torch.compile (docs/zoo_v2.md measures it)
+    # start from an exported AR model of the same architecture and tokenizer (zoo name or exported directory):
+    # a new training cycle from a finished one; the optimizer, schedule and EMA start afresh
+    init_from: str | None = None
     # vocab_size, grid and prefix are derived from the tokenizer, the resolution and the caption encoder
     # the zoo's architecture (TransformerConfig's own defaults are a generic model's)
     transformer: TransformerConfig = field(

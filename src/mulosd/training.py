@@ -94,7 +94,12 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         grids = sorted({r // f for r in m["resolutions"]}) if len(set(m["resolutions"])) > 1 else []
         m["transformer"] |= {"vocab_size": vq["codebook_size"], "grid": m["resolution"] // f,
                              "prefix": SceneCaptionEncoder.prefix, "grids": grids}
-        return ARModule(**{k: v for k, v in m.items() if k != "name"})
+        try:
+            return ARModule(**{k: v for k, v in m.items() if k != "name"})
+        except (FileNotFoundError, ValueError) as e:  # init_from: missing, or another architecture or tokenizer
+            if not m["init_from"]:
+                raise
+            raise ConfigError("model.init_from", str(e)) from None
     if m["name"] == "sampler":
         from .lit.sampler import SamplerModule
         from .zoo import resolve, tokenizer_identity

@@ -52,10 +52,12 @@ class ARModule(L.LightningModule):
 
     def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
                  optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0,
-                 resolutions: list[int] | None = None, compile: bool = False):
+                 resolutions: list[int] | None = None, compile: bool = False, init_from: str | None = None):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         self.model, self.encoder = build_ar(transformer)
+        if init_from:
+            self._init_from(init_from)
         # the averaged copy of both (the encoder's embeddings are trained too); never optimised
         self.ema = ModelEmaV3(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), decay=ema) if ema else None
         if self.ema is not None:
@@ -69,6 +71,22 @@ class ARModule(L.LightningModule):
         self.train_seconds, self._segment = 0.0, None
         self.px_per_token = resolution // self.model.cfg.grid
         self._compiled: dict[int, object] = {}  # grid -> the compiled training CE of the model at that grid
+
+    def _init_from(self, name: str) -> None:
+        """Start from an exported AR model: every tensor, so its architecture, grids and tokenizer must be
+        this run's (the export holds the EMA weights when it had them, so the new run starts from those)."""
+        from ..zoo import check_same_tokenizer, load_ar
+
+        other, encoder, meta = load_ar(name)
+        check_same_tokenizer(meta, self.hparams["tokenizer"], f"model.init_from {name!r}")
+        theirs, ours = ({k: v for k, v in m.to_config().items() if k != "grid"} for m in (other, self.model))
+        if theirs != ours:
+            changed = ", ".join(f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k])
+            raise ValueError(f"{name} is another architecture ({changed})")
+        with torch.no_grad():
+            for own, theirs in ((self.model, other), (self.encoder, encoder)):
+                for p, q in zip(own.parameters(), theirs.parameters(), strict=True):
+                    p.copy_(q.float())
 
     def configure_optimizers(self):
         o = self.optim

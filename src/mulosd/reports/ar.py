@@ -57,7 +57,7 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
         reference = reference_renders(prompts, meta["resolution"], seed=0, radius=fd_radius)
         fd = frechet_distance(vgg_features(images), vgg_features(reference))
     return {"resolution": meta["resolution"], "grid": model.cfg.grid, "params": params, "score": score,
-            "ms_per_token": 1000 * float(torch.tensor(lat).median()),
+            "ms_per_token": 1000 * float(torch.tensor(lat).median()) if lat else float("nan"),
             "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "images": images, "fd_vgg": fd}
 
 
