@@ -26,6 +26,30 @@ def test_world_is_a_function_of_seed_and_index():
     assert sample_scene(7, 4) != a and sample_scene(8, 3) != a
 
 
+def test_a_later_shard_range_holds_fresh_scenes_and_streams_by_its_own_pattern(tmp_path):
+    import json
+    import tarfile
+
+    import braceexpand
+
+    from mulosd.data.synthscenes.shards import shard_pattern, write_split
+
+    first = write_split(tmp_path, "train", 2, 3, 32, seed=5, workers=1, progress=False)
+    later = write_split(tmp_path, "train", 2, 3, 32, seed=5, workers=1, progress=False, first_shard=2)
+    assert [p.name for p in later] == ["train-00002.tar", "train-00003.tar"]
+    assert list(braceexpand.braceexpand(shard_pattern("train", 2, 2))) == [p.name for p in later]
+    assert shard_pattern("train", 1, 7) == "train-00007.tar"
+
+    def indices(paths):
+        out = []
+        for p in paths:
+            with tarfile.open(p) as tar:
+                out += [json.load(tar.extractfile(m))["index"] for m in tar.getmembers() if m.name.endswith(".json")]
+        return out
+
+    assert indices(first) == [0, 1, 2, 3, 4, 5] and indices(later) == [6, 7, 8, 9, 10, 11]
+
+
 def test_scene_json_round_trip():
     for i in range(50):
         s = sample_scene(1, i)

@@ -39,6 +39,7 @@ class SynthShardsConfig:
 
     dir: str = "data/shards/synthscenes128"
     train_shards: int = 32
+    first_shard: int = 0  # train on shards first_shard .. first_shard+train_shards-1 (fresh scenes for a new cycle)
     val_shards: int = 2
     per_shard: int = 256
     size: int = 128
@@ -406,6 +407,7 @@ def validate_data(d: DataConfig | DictConfig, key: str = "data") -> None:
         for name in ("train_shards", "per_shard", "size"):
             _require(s[name] >= 1, f"{key}.synth.{name}", f"must be >= 1, got {s[name]}")
         _require(s.val_shards >= 0, f"{key}.synth.val_shards", "must be >= 0")
+        _require(s.first_shard >= 0, f"{key}.synth.first_shard", f"must be >= 0, got {s.first_shard}")
         _require(s.seed >= 0, f"{key}.synth.seed", f"must be >= 0, got {s.seed}")
         _one_of(s.image_format, ("png", "jpg"), f"{key}.synth.image_format")
         if s.radius is not None:

@@ -27,7 +27,7 @@ class ShardDataModule(L.LightningDataModule):
         self.synth = synth
         if synth is not None:
             root = Path(synth.dir)
-            train_urls = str(root / shard_pattern("train", synth.train_shards))
+            train_urls = str(root / shard_pattern("train", synth.train_shards, synth.get("first_shard", 0)))
             val_urls = str(root / shard_pattern("val", synth.val_shards)) if synth.val_shards else None
         if not train_urls:
             raise ValueError("data.train_urls is empty: point it at your shards (see data/README.md)")
@@ -48,7 +48,7 @@ class ShardDataModule(L.LightningDataModule):
         s = self.synth
         radius = tuple(s.radius) if s.get("radius") else RADIUS_RANGE
         write_split(Path(s.dir), "train", s.train_shards, s.per_shard, s.size, s.seed, image_format=s.image_format,
-                    radius=radius)
+                    radius=radius, first_shard=s.get("first_shard", 0))
         if s.val_shards:
             write_split(Path(s.dir), "val", s.val_shards, s.per_shard, s.size, s.seed,
                         first_index=VAL_FIRST_INDEX, image_format=s.image_format, radius=radius)

@@ -32,9 +32,10 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.tar"
 
 
-def shard_pattern(split: str, num_shards: int) -> str:
-    """Brace pattern of a split's shards, as webdataset expands it."""
-    return f"{split}-{{00000..{num_shards - 1:05d}}}.tar" if num_shards > 1 else shard_name(split, 0)
+def shard_pattern(split: str, num_shards: int, first: int = 0) -> str:
+    """Brace pattern of a split's shards first .. first+num_shards-1, as webdataset expands it."""
+    last = first + num_shards - 1
+    return f"{split}-{{{first:05d}..{last:05d}}}.tar" if num_shards > 1 else shard_name(split, first)
 
 
 def encode_image(image, image_format: str) -> bytes:
@@ -68,17 +69,20 @@ def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, 
 
 def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size: int, seed: int,
                 first_index: int = 0, image_format: str = "png", workers: int | None = None,
-                progress: bool = True, radius: tuple[float, float] = RADIUS_RANGE) -> list[Path]:
-    """Write `num_shards` shards of `per_shard` scenes; shards already present are kept (resumable)."""
+                progress: bool = True, radius: tuple[float, float] = RADIUS_RANGE, first_shard: int = 0
+                ) -> list[Path]:
+    """Write shards first_shard .. first_shard+num_shards-1 of `per_shard` scenes each (shard i holds scenes
+    first_index + i * per_shard onwards); shards already present are kept (resumable)."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob(f".{split}-*.tmp-*"):  # left by a killed writer
         stale.unlink(missing_ok=True)
-    paths = [out_dir / shard_name(split, i) for i in range(num_shards)]
+    shards = range(first_shard, first_shard + num_shards)
+    paths = [out_dir / shard_name(split, i) for i in shards]
     todo = [(p, seed, first_index + i * per_shard, per_shard, size, image_format, tuple(radius))
-            for i, p in enumerate(paths) if not p.exists()]
+            for i, p in zip(shards, paths, strict=True) if not p.exists()]
     workers = workers or min(len(todo), os.cpu_count() or 1) or 1
     with tqdm(total=len(todo), desc=f"writing {split} shards", unit="shard",
               disable=not (progress and todo)) as bar:  # no bar when every shard is there
