@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Zoo v2's AR model in training cycles that each fit one session of this machine (docs/zoo_v2.md): a session
+# lasts three hours and the machine, with every run directory outside the repository, may be replaced between
+# sessions, so a schedule longer than a session is never finished. Each cycle is a whole schedule (warm-up,
+# cosine decay) on the recipe of record (experiment=zoo_ar_v2) over 96 shards of fresh scenes (cycle N trains on
+# shards 96(N-1) .. 96N-1 of the same world; validation stays the same), cycle 1 from scratch and cycle N from
+# the export of cycle N-1 (model.init_from; the shipped zoo model when the previous run directory is gone).
+# Then the sampling defaults are tuned per size on prompt seed 777 and written into the export, and the AR report
+# runs on the two reporting prompt sets (4242, the report's default, and 4343) with FD-VGG.
+#
+#   scripts/zoo_cycle.sh 1                         # -> RUNS/cycle1/export, tune.txt, report4242.txt, report4343.txt
+#   scripts/zoo_cycle.sh 2 zoo/synthscenes_ar_v2   # the next cycle, from the shipped model
+#   RUNS=/path/outside/the/repo BATCHES=5500 scripts/zoo_cycle.sh 1
+#
+# A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+RUNS=${RUNS:-../runs/zoo_cycles}
+BATCHES=${BATCHES:-5500}
+SHARDS=96
+N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM]}
+INIT=${2:-}
+if [ "$N" -gt 1 ] && [ -z "$INIT" ]; then
+    echo "error: cycle $N starts from the previous cycle's export: give it (a run's export/ or a zoo name)" >&2
+    exit 2
+fi
+RUN=$RUNS/cycle$N
+mkdir -p "$RUN"
+export PYTHONUNBUFFERED=1
+
+if [ ! -f "$RUN/export/config.json" ]; then
+    ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
+          "data.synth.first_shard=$(( (N - 1) * SHARDS ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs")
+    [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT")
+    [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
+    echo "cycle $N: $PY train.py ${ARGS[*]}"
+    "$PY" train.py "${ARGS[@]}" >> "$RUN/train.log" 2>&1
+fi
+if [ ! -f "$RUN/tune.txt" ]; then
+    "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg 3 5 7 10 14 \
+        --temperature 0.5 0.7 1.0 --write | tee "$RUN/tune.tmp"
+    mv "$RUN/tune.tmp" "$RUN/tune.txt"
+fi
+for seed in 4242 4343; do
+    if [ ! -f "$RUN/report$seed.txt" ]; then
+        "$PY" -m mulosd.reports.ar --models "$RUN/export" --prompt-seed "$seed" --fd --radius 0.11 0.145 \
+            | tee "$RUN/report$seed.tmp"
+        mv "$RUN/report$seed.tmp" "$RUN/report$seed.txt"
+    fi
+done
