@@ -1,0 +1,149 @@
+"""The decode step of a few tokens per row as one C call (fused_step.c), for the CPU path of `compile=true`.
+
+A one-token step of the zoo's verifier computes some 14 MFLOP and must read its 12 MB of weights: bound by
+memory, not arithmetic. Compiled by inductor it still spends most of its time in library matrix products on
+2-row inputs, which read the weights at a fraction of the bandwidth a plain streaming loop gets, and in one
+call per operator (docs/results.md). The C step reads each weight matrix once for all the step's input vectors
+and does the rest of the layer in the same pass.
+
+The library is built on first use with the machine's C compiler for the machine's own instruction set
+(`-march=native`) into ~/.cache/mulosd/ (keyed by the source, the flags and the CPU), and loaded with ctypes;
+where there is no compiler, or for a model it does not cover (GPU, non-fp32, learned positions, biases),
+`FusedStep.for_model` returns None and the backbone uses the inductor graph instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .transformer import KVCache, Transformer
+
+SOURCE = Path(__file__).with_name("fused_step.c")
+# reassociation lets the compiler vectorise the dot products' sums; no other fast-math licence is taken
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
+         "-fno-trapping-math"]
+MAX_TOKENS = 4  # per row: wider writes (verification of long drafts) go to the inductor graph
+_LIB: ctypes.CDLL | None | bool = None  # False: the build failed once in this process
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(k, ctypes.c_int) for k in ("dim", "heads", "hidden", "vocab", "slots", "layers", "half")] + [
+        ("eps", ctypes.c_float)] + [(k, ctypes.c_void_p) for k in ("tok_emb", "rope", "norm", "head")] + [
+        (k, ctypes.POINTER(ctypes.c_void_p)) for k in ("attn_norm", "mlp_norm", "qkv", "out", "gate_up", "down")]
+
+
+MATRICES = ("qkv", "out", "gate_up", "down")  # per layer; with the head, what the step streams
+
+
+def _cpu_tag() -> str:
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return hashlib.sha256(flags.encode()).hexdigest()[:12]
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled step, built once per source, flags and CPU; None where no C compiler can build it."""
+    global _LIB
+    if _LIB is None:
+        _LIB = _build() or False
+    return _LIB or None
+
+
+def _build() -> ctypes.CDLL | None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None or platform.system() != "Linux":
+        return None
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_tag().encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mulosd"
+    so = cache / f"fused_step-{key}.so"
+    if not so.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a library
+            out = Path(tmp) / so.name
+            r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
+            if r.returncode != 0:
+                return None
+            os.replace(out, so)
+    lib = ctypes.CDLL(str(so))
+    lib.mulosd_step.restype = None
+    lib.mulosd_step.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    return lib
+
+
+def _ptrs(tensors) -> ctypes.Array:
+    return (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+
+
+class FusedStep:
+    """`guide(model.step(slots, model.embed(tokens), cache), cfg_scale)` for up to MAX_TOKENS tokens per row,
+    as one C call. Holds pointers into the model's weights: they must stay where they are (no `.to()`)."""
+
+    def __init__(self, lib: ctypes.CDLL, model: Transformer, cfg_scale: float):
+        cfg = model.cfg
+        self.lib, self.model, self.cfg_scale = lib, model, float(cfg_scale)
+        blocks = list(model.blocks)
+        matrices = {"qkv": [b.attn.qkv.weight for b in blocks], "out": [b.attn.out.weight for b in blocks],
+                    "gate_up": [b.mlp.gate_up.weight for b in blocks], "down": [b.mlp.down.weight for b in blocks],
+                    "head": [model.head.weight]}
+        # an exported model's weights are float16 values (the zoo stores them so): streamed as float16 they are
+        # the same numbers in half the bytes; anything else is streamed as it is
+        half = bool(lib.mulosd_has_f16()) and all(torch.equal(w.half().float(), w) for ws in matrices.values()
+                                                  for w in ws)
+        self._keep = {k: [(w.detach().half() if half else w.detach()).contiguous() for w in ws]
+                      for k, ws in matrices.items()}  # the tensors whose addresses the struct holds
+        self._keep |= {"attn_norm": [b.attn_norm.weight for b in blocks], "mlp_norm": [b.mlp_norm.weight for b in blocks]}
+        self._arrays = {k: _ptrs(v) for k, v in self._keep.items()}
+        self.hidden = blocks[0].mlp.down.weight.shape[1]
+        self.vocab = cfg.vocab_size
+        self.struct = _Model(cfg.dim, cfg.heads, self.hidden, cfg.vocab_size, cfg.slots, cfg.layers, int(half),
+                             blocks[0].attn_norm.eps, model.tok_emb.weight.data_ptr(), model.rope.data_ptr(),
+                             model.norm.weight.data_ptr(), self._keep["head"][0].data_ptr(),
+                             *(ctypes.cast(self._arrays[k], ctypes.POINTER(ctypes.c_void_p))
+                               for k in ("attn_norm", "mlp_norm", *MATRICES)))
+        self._scratch = torch.empty(0)
+        self._cache_ptrs: tuple[int, ctypes.Array, ctypes.Array] | None = None
+
+    @classmethod
+    def for_model(cls, model: Transformer, cfg_scale: float) -> FusedStep | None:
+        """The fused step for this model, or None where it does not apply (then the inductor graph runs)."""
+        cfg, params = model.cfg, list(model.parameters())
+        hidden = model.blocks[0].mlp.down.weight.shape[1]
+        if (cfg.positions != "rope" or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params)
+                or any(getattr(m, "bias", None) is not None for b in model.blocks for m in b.modules())
+                or model.rope.dtype != torch.float32  # the vector loops' widths:
+                or cfg.dim % 8 or (cfg.dim // cfg.heads) % 8 or hidden % 8 or cfg.vocab_size % 4):
+            return None
+        lib = library()
+        return None if lib is None else cls(lib, model, cfg_scale)
+
+    def __call__(self, slots: torch.Tensor, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        R, n = slots.shape
+        if cache.k[0].dtype != torch.float32 or n > MAX_TOKENS:
+            raise ValueError("the fused step takes an fp32 cache and at most MAX_TOKENS tokens per row")
+        m, d, S = R * n, self.model.cfg.dim, self.model.cfg.slots
+        need = m * (6 * d + 3 * self.hidden + self.vocab) + S
+        if self._scratch.numel() < need:
+            self._scratch = torch.empty(need)
+        if self._cache_ptrs is None or self._cache_ptrs[0] is not cache:
+            self._cache_ptrs = (cache, _ptrs(cache.k), _ptrs(cache.v))
+        _, k, v = self._cache_ptrs
+        guided = self.cfg_scale != 1.0
+        logits = torch.empty(R // 2 if guided else R, n, self.vocab)
+        slots, tokens = slots.contiguous(), tokens.contiguous()
+        self.lib.mulosd_step(ctypes.byref(self.struct), R, n, slots.data_ptr(), tokens.data_ptr(), k, v,
+                             cache.filled.data_ptr(), self.cfg_scale, int(guided), self._scratch.data_ptr(),
+                             logits.data_ptr())
+        return logits
