@@ -79,8 +79,8 @@ def _one_row(cache: KVCache, row: int) -> KVCache:
 @pytest.mark.slow
 def test_compiled_decodes_give_the_eager_tokens_in_float32():
     """compile=true in float32 runs the fused step for ar's one-token writes and ZipAR's narrow ones, and the
-    inductor graph for the rest: the same tokens as eager (the logits differ by rounding only, far from a tie
-    at these sizes), and an image the same alone and in a batch."""
+    inductor graph for the rest (wider writes, larger batches): the same tokens as eager (the logits differ by
+    rounding only, far from a tie at these sizes), and an image the same alone and in a batch."""
     model, enc = _model(half=True)
     eager, _ = decode_ar(ARBackbone(model, enc, 2.0), CAPS, seed=3)
     bb = ARBackbone(model, enc, 2.0, compile=True)
@@ -89,6 +89,11 @@ def test_compiled_decodes_give_the_eager_tokens_in_float32():
     assert torch.equal(compiled, eager)
     alone, _ = decode_ar(bb, CAPS[2:], seed=3, image_ids=torch.tensor([2]))
     assert torch.equal(alone[0], compiled[2])
+    # nine images are eighteen rows with guidance: more input vectors than the fused step takes, so the graph
+    # runs, and the first three images are still the ones drawn three at a time
+    assert not bb._fused.covers(2 * 9, 1) and bb._fused.covers(2 * 3, 1)
+    many, _ = decode_ar(bb, CAPS * 3, seed=3)
+    assert torch.equal(many[:3], compiled)
     eager_zipar, _ = decode_zipar(ARBackbone(model, enc, 2.0), CAPS, window=2, seed=3)
     assert torch.equal(decode_zipar(bb, CAPS, window=2, seed=3)[0], eager_zipar)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from .fused import MAX_TOKENS as FUSED_MAX_TOKENS
 from .fused import FusedStep
 from .sampling import Warpers, draw
 from .transformer import KVCache, Transformer
@@ -30,7 +29,7 @@ class ARBackbone:
         self.cache: KVCache | None = None
         self.calls = self.tokens_in = 0
         # the decode step compiled (torch.compile, static shapes): token counts padded up to a few buckets; on a
-        # CPU, writes of a few tokens per row (every step of ar, most of ZipAR's) run as one C call instead
+        # CPU, steps of a few input vectors (every step of ar at small batch, most of ZipAR's) run as one C call
         self._step = compiled_step(model, self.cfg_scale) if compile else None
         self._fused = FusedStep.for_model(model, self.cfg_scale) if compile else None
         self._draw = compiled_draw() if compile else draw
@@ -122,7 +121,7 @@ class ARBackbone:
         if self.guided:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
         n = slots.shape[1]
-        if self._fused is not None and 0 < n <= FUSED_MAX_TOKENS:
+        if self._fused is not None and self._fused.covers(*slots.shape):
             logits = self._fused(slots, tokens, self.cache)
         elif self._step is None or n == 0:
             logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), self.cfg_scale)

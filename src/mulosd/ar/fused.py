@@ -31,7 +31,10 @@ SOURCE = Path(__file__).with_name("fused_step.c")
 # reassociation lets the compiler vectorise the dot products' sums; no other fast-math licence is taken
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
          "-fno-trapping-math"]
+# The C step streams the weights once per step but multiplies on one thread, so it wins while a step has few
+# input vectors (rows x tokens) and the library's two-thread matrix products win beyond (docs/results.md):
 MAX_TOKENS = 4  # per row: wider writes (verification of long drafts) go to the inductor graph
+MAX_INPUTS = 16  # rows x tokens, guidance's null rows included: larger batches go to the inductor graph
 _LIB: ctypes.CDLL | None | bool = None  # False: the build failed once in this process
 
 
@@ -104,7 +107,8 @@ class FusedStep:
                                                   for w in ws)
         self._keep = {k: [(w.detach().half() if half else w.detach()).contiguous() for w in ws]
                       for k, ws in matrices.items()}  # the tensors whose addresses the struct holds
-        self._keep |= {"attn_norm": [b.attn_norm.weight for b in blocks], "mlp_norm": [b.mlp_norm.weight for b in blocks]}
+        self._keep |= {"attn_norm": [b.attn_norm.weight for b in blocks],
+                       "mlp_norm": [b.mlp_norm.weight for b in blocks]}
         self._arrays = {k: _ptrs(v) for k, v in self._keep.items()}
         self.hidden = blocks[0].mlp.down.weight.shape[1]
         self.vocab = cfg.vocab_size
@@ -128,6 +132,11 @@ class FusedStep:
             return None
         lib = library()
         return None if lib is None else cls(lib, model, cfg_scale)
+
+    @staticmethod
+    def covers(rows: int, n: int) -> bool:
+        """Whether a write of n tokens in each of `rows` rows is the fused step's to run (else the graph's)."""
+        return 0 < n <= MAX_TOKENS and rows * n <= MAX_INPUTS
 
     def __call__(self, slots: torch.Tensor, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         R, n = slots.shape
