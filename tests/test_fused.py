@@ -1,13 +1,15 @@
 """The C decode step (mulosd.ar.fused) against the transformer's own step: the same logits, cache and mask for a
 few tokens per row, with and without guidance, float32 and float16-exact weights; a row's logits do not depend
-on its batch; compile=true decodes give the tokens of the step they replace; models it does not cover fall back."""
+on its batch; the draw after a step gives sampling.draw's tokens; compile=true decodes give the tokens of the
+step they replace; models it does not cover fall back."""
 
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, Transformer, TransformerConfig
+from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from mulosd.ar.backbone import guide
 from mulosd.ar.fused import FusedStep, library
+from mulosd.ar.sampling import draw
 from mulosd.ar.transformer import KVCache
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import decode_ar, decode_zipar
@@ -74,6 +76,19 @@ def _one_row(cache: KVCache, row: int) -> KVCache:
     one.k, one.v = [k[row:row + 1].clone() for k in cache.k], [v[row:row + 1].clone() for v in cache.v]
     one.filled = cache.filled[row:row + 1].clone()
     return one
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_fused_draw_is_the_draw(temperature):
+    """Same keyed noise, same warping: the same tokens as sampling.draw on thousands of random distributions."""
+    fused = FusedStep.for_model(_model(half=False)[0], 2.0)
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(32, 8, CFG.vocab_size, generator=g) * 4
+    images, positions = torch.randint(0, 10**6, (32,), generator=g), torch.randint(0, 16, (32, 8), generator=g)
+    want = draw(logits, Warpers(temperature=temperature), 5, images, positions)
+    assert torch.equal(fused.draw(logits, temperature, 5, images, positions), want)
+    assert fused.draws(Warpers(temperature=temperature))
+    assert not any(fused.draws(w) for w in (Warpers(temperature=0), Warpers(top_k=5), Warpers(top_p=0.9)))
 
 
 @pytest.mark.slow

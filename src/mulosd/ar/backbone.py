@@ -65,6 +65,8 @@ class ARBackbone:
         positions padded to a bucket like the step's: each is drawn on its own, the padding is dropped)."""
         if self._step is None:
             return draw(logits, warpers, seed, images, positions)
+        if self._fused is not None and self._fused.draws(warpers):
+            return self._fused.draw(logits, warpers.temperature, seed, images, positions)
         n = positions.shape[1]
         # contiguous: a graph is specialised on strides too, and logits often arrive as a slice of a wider output
         logits, positions = (_pad(t, bucket(n)).contiguous() for t in (logits, positions))

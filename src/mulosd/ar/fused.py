@@ -25,12 +25,13 @@ from pathlib import Path
 
 import torch
 
+from .noise import GUMBEL
+from .sampling import Warpers
 from .transformer import KVCache, Transformer
 
 SOURCE = Path(__file__).with_name("fused_step.c")
-# reassociation lets the compiler vectorise the dot products' sums; no other fast-math licence is taken
-FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros",
-         "-fno-trapping-math"]
+# no fast-math: the vector loops are written out (fused_step.c), and the draw must round as the library does
+FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]
 # The C step streams the weights once per step but multiplies on one thread, so it wins while a step has few
 # input vectors (rows x tokens) and the library's two-thread matrix products win beyond (docs/results.md):
 MAX_TOKENS = 4  # per row: wider writes (verification of long drafts) go to the inductor graph
@@ -83,6 +84,10 @@ def _build() -> ctypes.CDLL | None:
     lib.mulosd_step.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                                 ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.mulosd_draw.restype = None
+    lib.mulosd_draw.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p]
     return lib
 
 
@@ -137,6 +142,24 @@ class FusedStep:
     def covers(rows: int, n: int) -> bool:
         """Whether a write of n tokens in each of `rows` rows is the fused step's to run (else the graph's)."""
         return 0 < n <= MAX_TOKENS and rows * n <= MAX_INPUTS
+
+    def draws(self, warpers: Warpers) -> bool:
+        """Whether `draw` covers these warpers: temperature only (top-k and top-p off), not greedy."""
+        return warpers.temperature > 0 and (warpers.top_k == 0 or warpers.top_k >= self.vocab) and warpers.top_p == 1
+
+    def draw(self, logits: torch.Tensor, temperature: float, seed: int, images: torch.Tensor,
+             positions: torch.Tensor) -> torch.Tensor:
+        """`sampling.draw(logits [B, n, V], Warpers(temperature), seed, images [B], positions [B, n])` as one C
+        call: tokens [B, n], the same but where two candidates tie to the last bit (fused_step.c)."""
+        B, n, V = logits.shape
+        logits = logits.float().contiguous()
+        images, positions = images.long().contiguous(), positions.long().contiguous()
+        if self._scratch.numel() < V:
+            self._scratch = torch.empty(V)
+        tokens = torch.empty(B, n, dtype=torch.long)
+        self.lib.mulosd_draw(logits.data_ptr(), B, n, V, temperature, seed, GUMBEL, images.data_ptr(),
+                             positions.data_ptr(), self._scratch.data_ptr(), tokens.data_ptr())
+        return tokens
 
     def __call__(self, slots: torch.Tensor, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         R, n = slots.shape

@@ -191,3 +191,45 @@ void mulosd_step(const Model *M, int R, int n, const int64_t *slots, const int64
         }
     }
 }
+
+/* The draw after a step, for temperature-only warping (ar.sampling.draw with top-k and top-p off): tokens [R, n]
+ * = argmax_j( log_softmax(logits / temperature)_j + Gumbel noise keyed by (seed, image, position, j) ), the noise
+ * being ar.noise's: lowbias32 over the key words, a float64 uniform, -log(-log(u)) rounded to float32. The
+ * log-probabilities are formed as (x - max) - log(sum) like the library's log_softmax; only the sums' order
+ * differs, so a token can differ from the graph's only where two candidates tie to the last bit. */
+static inline uint32_t lowbias32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x846CA68Bu;
+    return x ^ (x >> 16);
+}
+
+void mulosd_draw(const float *logits, int R, int n, int V, float temperature, int64_t seed, int64_t stream,
+                 const int64_t *images, const int64_t *positions, float *scratch, int64_t *tokens) {
+    uint32_t key = lowbias32(lowbias32(0x9E3779B9u ^ (uint32_t)seed) ^ (uint32_t)stream);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < n; t++) {
+            int i = r * n + t;
+            const float *x = logits + (int64_t)i * V;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int j = 0; j < V; j++) {
+                scratch[j] = x[j] / temperature;
+                if (scratch[j] > mx) mx = scratch[j];
+            }
+            for (int j = 0; j < V; j++) sum += expf(scratch[j] - mx);
+            const float ls = logf(sum);
+            const uint32_t at = lowbias32(lowbias32(key ^ (uint32_t)images[r]) ^ (uint32_t)positions[i]);
+            float best = -INFINITY;
+            int64_t arg = 0;
+            for (int j = 0; j < V; j++) {
+                double u = ((double)(lowbias32(at ^ (uint32_t)j) >> 8) + 0.5) / 16777216.0;
+                float v = ((scratch[j] - mx) - ls) + (float)(-log(-log(u)));
+                if (v > best) {
+                    best = v;
+                    arg = j;
+                }
+            }
+            tokens[i] = arg;
+        }
+}
