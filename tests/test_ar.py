@@ -385,6 +385,30 @@ def test_ema_averages_the_weights_and_is_what_decoding_and_export_use():
     assert _module().weights()[0] is not None and _module().ema is None
 
 
+def test_export_weights_raw_exports_the_raw_copy_and_says_so(tmp_path):
+    from mulosd.zoo import load_ar
+
+    outs = {}
+    for which in ("ema", "raw"):
+        torch.manual_seed(0)
+        m = _module(ema=0.9, export_weights=which)
+        m.batches_seen = 1
+        m.update_ema()
+        with torch.no_grad():
+            m.model.head.weight.add_(1.0)  # the raw copy moves away from its average
+        assert (m.weights()[0] is m.model) == (which == "raw")
+        with mock.patch("mulosd.zoo.tokenizer_identity", return_value="t"), \
+                mock.patch("mulosd.zoo.tokenizer_digest", return_value="d"):
+            out = m.export(tmp_path / which, recipe="test")
+        model, _, meta = load_ar(out)
+        assert meta["weights"] == which
+        outs[which] = (model.head.weight.float(), m.model.head.weight.detach(), m.ema.module["model"].head.weight)
+    for which, (exported, raw, ema) in outs.items():
+        expected = raw if which == "raw" else ema
+        assert torch.allclose(exported, expected, atol=1e-2), which
+        assert not torch.allclose(exported, ema if which == "raw" else raw, atol=0.5), which
+
+
 def test_a_multi_resolution_model_is_one_set_of_weights_seen_at_each_grid():
     cfg = TransformerConfig(vocab_size=48, grid=4, grids=(2, 4), dim=32, layers=2, heads=2, cond_dim=16)
     big, enc = _model(cfg=cfg)

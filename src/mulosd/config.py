@@ -174,6 +174,9 @@ class ARModelConfig:
     cond_dropout: float = 0.1  # caption dropout (the null condition) for classifier-free guidance
     object_weight: float = 1.0  # loss weight of the tokens that hold an object (SynthScenes knows its masks)
     ema: float = 0.0  # decay of an EMA of the weights, used for validation and export (0 = none)
+    # the copy validation samples and the export use when there is an EMA: "raw" where the EMA still lags at the
+    # end of a short schedule (val/ce against val/ce_raw says which is better; task=export re-exports either)
+    export_weights: str = "ema"
     compile: bool = False  # the training forward and backward through torch.compile (docs/zoo_v2.md measures it)
     # start from an exported AR model of the same architecture and tokenizer (zoo name or exported directory):
     # a new training cycle from a finished one; the optimizer, schedule and EMA start afresh
@@ -451,6 +454,7 @@ def _validate_ar(m: DictConfig) -> DictConfig:
     _require(not m.resolutions or m.resolution in m.resolutions, "model.resolutions",
              f"must include model.resolution={m.resolution}, got {list(m.resolutions)}")
     _require(0 <= m.ema < 1, "model.ema", f"must be in [0, 1), got {m.ema}")
+    _one_of(m.export_weights, ("ema", "raw"), "model.export_weights")
     _require(t.dim % t.heads == 0 and (t.dim // t.heads) % 4 == 0, "model.transformer.heads",
              f"dim {t.dim} / heads {t.heads} must be a multiple of 4 (2D RoPE splits each head in four)")
     _require(t.layers >= 1, "model.transformer.layers", "must be >= 1")

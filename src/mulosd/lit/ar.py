@@ -52,7 +52,8 @@ class ARModule(L.LightningModule):
 
     def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
                  optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0,
-                 resolutions: list[int] | None = None, compile: bool = False, init_from: str | None = None):
+                 resolutions: list[int] | None = None, compile: bool = False, init_from: str | None = None,
+                 export_weights: str = "ema"):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         self.model, self.encoder = build_ar(transformer)
@@ -184,8 +185,9 @@ class ARModule(L.LightningModule):
             self._log_samples(batch["caption"][:8])
 
     def weights(self) -> tuple[nn.Module, nn.Module]:
-        """(transformer, encoder) as decoding should use them: the EMA copy when there is one."""
-        if self.ema is not None:
+        """(transformer, encoder) as decoding should use them: the EMA copy when there is one, unless the run
+        asks for its raw weights."""
+        if self.ema is not None and self.hparams.get("export_weights", "ema") == "ema":
             return self.ema.module["model"], self.ema.module["encoder"]
         return self.model, self.encoder
 
@@ -249,6 +251,7 @@ class ARModule(L.LightningModule):
                        tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                        resolution=h["resolution"], batches=self.batches_seen, sample=dict(h["sample"]),
                        object_weight=h["object_weight"], ema=h["ema"], resolutions=self.sizes,
+                       weights="ema" if self.ema is not None and h.get("export_weights", "ema") == "ema" else "raw",
                        trained_on=_hardware(self.device), train_hours=round(self.trained_seconds() / 3600, 3))
 
 
