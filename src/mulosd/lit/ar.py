@@ -187,9 +187,13 @@ class ARModule(L.LightningModule):
     def weights(self) -> tuple[nn.Module, nn.Module]:
         """(transformer, encoder) as decoding should use them: the EMA copy when there is one, unless the run
         asks for its raw weights."""
-        if self.ema is not None and self.hparams.get("export_weights", "ema") == "ema":
+        if self.uses_ema:
             return self.ema.module["model"], self.ema.module["encoder"]
         return self.model, self.encoder
+
+    @property
+    def uses_ema(self) -> bool:
+        return self.ema is not None and self.hparams.get("export_weights", "ema") == "ema"
 
     @torch.no_grad()
     def _log_samples(self, captions: list[str]) -> None:
@@ -251,7 +255,7 @@ class ARModule(L.LightningModule):
                        tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
                        resolution=h["resolution"], batches=self.batches_seen, sample=dict(h["sample"]),
                        object_weight=h["object_weight"], ema=h["ema"], resolutions=self.sizes,
-                       weights="ema" if self.ema is not None and h.get("export_weights", "ema") == "ema" else "raw",
+                       weights="ema" if self.uses_ema else "raw",
                        trained_on=_hardware(self.device), train_hours=round(self.trained_seconds() / 3600, 3))
 
 
