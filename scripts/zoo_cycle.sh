@@ -37,6 +37,22 @@ if [ ! -f "$RUN/export/config.json" ]; then
     echo "cycle $N: $PY train.py ${ARGS[*]}"
     "$PY" train.py "${ARGS[@]}" >> "$RUN/train.log" 2>&1
 fi
+# the copy the cycle ships: the raw weights where they beat the EMA at the last validation (a short schedule's EMA
+# still carries its early weights); the EMA export is kept beside it
+if [ ! -f "$RUN/tune.txt" ] && [ ! -d "$RUN/export_ema" ]; then
+    better=$("$PY" - "$RUN"/logs/*/version_*/metrics.csv <<'PY'
+import csv, re, sys
+files = sorted(sys.argv[1:], key=lambda f: int(re.search(r"version_(\d+)", f).group(1)))
+last = [r for f in files for r in csv.DictReader(open(f)) if r.get("val/ce") and r.get("val/ce_raw")][-1]
+print("raw" if float(last["val/ce_raw"]) < float(last["val/ce"]) else "ema")
+PY
+)
+    if [ "$better" = raw ]; then
+        mv "$RUN/export" "$RUN/export_ema"
+        "$PY" train.py experiment=zoo_ar_v2 task=export model.export_weights=raw "model.train.batches=$BATCHES" \
+            "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" >> "$RUN/train.log" 2>&1
+    fi
+fi
 if [ ! -f "$RUN/tune.txt" ]; then
     "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg 3 5 7 10 14 \
         --temperature 0.5 0.7 1.0 --write | tee "$RUN/tune.tmp"

@@ -193,7 +193,7 @@ class ARModule(L.LightningModule):
 
     @property
     def uses_ema(self) -> bool:
-        return self.ema is not None and self.hparams.get("export_weights", "ema") == "ema"
+        return self.ema is not None and self.hparams["export_weights"] == "ema"
 
     @torch.no_grad()
     def _log_samples(self, captions: list[str]) -> None:
