@@ -53,9 +53,10 @@ PY
             "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" >> "$RUN/train.log" 2>&1
     fi
 fi
+# the grid around what cycle 1 picked, the highest guidance it tried (docs/zoo_v2.md)
 if [ ! -f "$RUN/tune.txt" ]; then
-    "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg 3 5 7 10 14 \
-        --temperature 0.5 0.7 1.0 --write | tee "$RUN/tune.tmp"
+    "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg 7 10 14 20 \
+        --temperature 0.7 1.0 --write | tee "$RUN/tune.tmp"
     mv "$RUN/tune.tmp" "$RUN/tune.txt"
 fi
 for seed in 4242 4343; do
