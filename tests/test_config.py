@@ -224,3 +224,17 @@ def test_knob_dataclasses_are_built_from_a_config_by_their_fields():
     with pytest.raises(KnobError) as e:
         from_config(SDConfig, compose_config("infer", ["lantern_k=-2"]))
     assert e.value.key == "lantern_k"
+
+
+def test_a_resumed_runs_progress_bar_counts_on_from_its_checkpoint():
+    """Lightning resumes mid-epoch without on_train_epoch_start: the bar still shows the epoch, the schedule's
+    length and the batches the checkpoint had trained."""
+    from types import SimpleNamespace
+
+    from mulosd.training import _BatchProgressBar
+
+    bar = _BatchProgressBar(batches=100)
+    bar.on_train_start(SimpleNamespace(current_epoch=0), SimpleNamespace(batches_seen=40))
+    b = bar.train_progress_bar
+    assert (b.total, b.n, b.initial, b.desc.rstrip(": ")) == (100, 40, 40, "Epoch 0")
+    b.close()

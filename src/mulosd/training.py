@@ -129,6 +129,14 @@ class _BatchProgressBar(TQDMProgressBar):
     def total_train_batches(self) -> int:
         return self._batches
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        # a resumed run starts mid-epoch, where Lightning skips on_train_epoch_start: without this its bar has no
+        # total, no epoch, and a rate counted as if the checkpoint's batches had been trained in this segment
+        bar = self.train_progress_bar
+        bar.total, bar.initial, bar.n = self._batches, pl_module.batches_seen, pl_module.batches_seen
+        bar.set_description(f"Epoch {trainer.current_epoch}")
+
 
 def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     """Train cfg.model; checkpoints every `model.train.ckpt_every` batches under RUN/checkpoints (last.ckpt
