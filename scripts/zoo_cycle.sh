@@ -10,14 +10,14 @@
 #
 #   scripts/zoo_cycle.sh 1                         # -> RUNS/cycle1/export, tune.txt, report4242.txt, report4343.txt
 #   scripts/zoo_cycle.sh 2 zoo/synthscenes_ar_v2   # the next cycle, from the shipped model
-#   RUNS=/path/outside/the/repo BATCHES=5500 scripts/zoo_cycle.sh 1
+#   RUNS=/path/outside/the/repo BATCHES=3000 scripts/zoo_cycle.sh 1
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_cycles}
-BATCHES=${BATCHES:-5500}
+BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
 SHARDS=96
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM]}
 INIT=${2:-}
