@@ -134,7 +134,7 @@ class _BatchProgressBar(TQDMProgressBar):
         # a resumed run starts mid-epoch, where Lightning skips on_train_epoch_start: without this its bar has no
         # total, no epoch, and a rate counted as if the checkpoint's batches had been trained in this segment
         bar = self.train_progress_bar
-        bar.total, bar.initial, bar.n = self._batches, pl_module.batches_seen, pl_module.batches_seen
+        bar.total, bar.initial, bar.n = self.total_train_batches, pl_module.batches_seen, pl_module.batches_seen
         bar.set_description(f"Epoch {trainer.current_epoch}")
 
 
