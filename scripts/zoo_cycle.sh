@@ -11,6 +11,8 @@
 #   scripts/zoo_cycle.sh 1                         # -> RUNS/cycle1/export, tune.txt, report4242.txt, report4343.txt
 #   scripts/zoo_cycle.sh 2 zoo/synthscenes_ar_v2   # the next cycle, from the shipped model
 #   RUNS=/path/outside/the/repo BATCHES=3000 scripts/zoo_cycle.sh 1
+#   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=12   # more overrides: a deeper model, grown
+#   CFGS="10 20" TEMPS=1.0 scripts/zoo_cycle.sh ...                          # a smaller tuning grid
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
 set -euo pipefail
@@ -19,8 +21,9 @@ PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
 SHARDS=96
-N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM]}
+N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
+EXTRA=("${@:3}")  # Hydra overrides for training and the re-export alike (the architecture's among them)
 if [ "$N" -gt 1 ] && [ -z "$INIT" ]; then
     echo "error: cycle $N starts from the previous cycle's export: give it (a run's export/ or a zoo name)" >&2
     exit 2
@@ -31,7 +34,8 @@ export PYTHONUNBUFFERED=1
 
 if [ ! -f "$RUN/export/config.json" ]; then
     ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
-          "data.synth.first_shard=$(( (N - 1) * SHARDS ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs")
+          "data.synth.first_shard=$(( (N - 1) * SHARDS ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
+          "${EXTRA[@]}")
     [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT")
     [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
     echo "cycle $N: $PY train.py ${ARGS[*]}"
@@ -50,13 +54,14 @@ PY
     if [ "$better" = raw ]; then
         mv "$RUN/export" "$RUN/export_ema"
         "$PY" train.py experiment=zoo_ar_v2 task=export model.export_weights=raw "model.train.batches=$BATCHES" \
-            "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" >> "$RUN/train.log" 2>&1
+            "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" "${EXTRA[@]}" >> "$RUN/train.log" 2>&1
     fi
 fi
 # the grid around what cycle 1 picked, the highest guidance it tried (docs/zoo_v2.md)
 if [ ! -f "$RUN/tune.txt" ]; then
-    "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg 7 10 14 20 \
-        --temperature 0.7 1.0 --write | tee "$RUN/tune.tmp"
+    # shellcheck disable=SC2086  # the grids are lists of numbers
+    "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg ${CFGS:-7 10 14 20} \
+        --temperature ${TEMPS:-0.7 1.0} --write | tee "$RUN/tune.tmp"
     mv "$RUN/tune.tmp" "$RUN/tune.txt"
 fi
 for seed in 4242 4343; do

@@ -7,6 +7,7 @@ from unittest import mock
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers, sample, warp
 from mulosd.ar.noise import hash32, uniform
@@ -489,10 +490,41 @@ def test_a_new_cycle_starts_from_an_export_of_the_same_architecture(tmp_path, ti
     for own, theirs in ((m.model, model), (m.encoder, enc), (m.ema.module["model"], model)):
         assert all(torch.equal(p, q) for p, q in zip(own.parameters(), theirs.parameters(), strict=True))
     assert not torch.equal(fresh.model.head.weight, m.model.head.weight)
-    with pytest.raises(ValueError, match="another architecture .*layers: 1 there, 2 here"):
-        module(str(ar), layers=2)
+    with pytest.raises(ValueError, match="another architecture .*dim: 32 there, 64 here"):
+        module(str(ar), dim=64)
     with pytest.raises(FileNotFoundError):
         module(str(tmp_path / "missing"))
+    deeper = module(str(ar), layers=3)  # grown in depth: the same function (test_growing_in_depth_...)
+    assert torch.equal(deeper.model.blocks[0].attn.qkv.weight, model.blocks[0].attn.qkv.weight)
+    assert not deeper.model.blocks[2].mlp.down.weight.any()
+
+
+@pytest.mark.parametrize("layers", [(2, 4), (2, 5), (3, 3)])
+def test_growing_in_depth_keeps_the_function_and_trains_every_block(layers):
+    """A model grown from a shallower one predicts exactly what the shallower one predicts (each new block starts
+    as the identity), at every grid, and every weight of the new blocks gets a gradient
+    once the zeroed projections have moved."""
+    def make(n, seed):
+        torch.manual_seed(seed)
+        return Transformer(TransformerConfig(vocab_size=32, grid=4, grids=(2, 4), dim=32, layers=n, heads=2,
+                                             cond_dim=16))
+
+    small, big = make(layers[0], 0), make(layers[1], 1)
+    big.load_grown(small)
+    assert len(big.blocks) == layers[1]
+    tokens, cond = torch.randint(0, 32, (3, 16)), torch.randn(3, 4, 16)
+    torch.testing.assert_close(big(tokens, cond), small(tokens, cond))
+    torch.testing.assert_close(big.at_grid(2)(tokens[:, :4], cond), small.at_grid(2)(tokens[:, :4], cond))
+    grown = [b for b in big.blocks if not b.attn.out.weight.any()]
+    assert len(grown) == layers[1] - layers[0]
+    opt = torch.optim.SGD(big.parameters(), lr=0.1)
+    for _ in range(2):  # the first step moves the zeroed projections, the second reaches the weights behind them
+        opt.zero_grad()
+        F.cross_entropy(big(tokens, cond).flatten(0, 1), tokens.flatten()).backward()
+        opt.step()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for b in grown for p in b.parameters())
+    with pytest.raises(ValueError, match=r"layers: 3 there, 2 here \(it can only grow\)"):
+        make(2, 0).load_grown(make(3, 0))
 
 
 def test_training_time_adds_up_over_a_resumed_run(monkeypatch):

@@ -178,8 +178,9 @@ class ARModelConfig:
     # end of a short schedule (val/ce against val/ce_raw says which is better; task=export re-exports either)
     export_weights: str = "ema"
     compile: bool = False  # the training forward and backward through torch.compile (docs/zoo_v2.md measures it)
-    # start from an exported AR model of the same architecture and tokenizer (zoo name or exported directory):
-    # a new training cycle from a finished one; the optimizer, schedule and EMA start afresh
+    # start from an exported AR model of the same architecture and tokenizer (zoo name or exported directory),
+    # or of fewer layers, grown in depth: a new training cycle from a finished one; the optimizer, schedule and
+    # EMA start afresh
     init_from: str | None = None
     # vocab_size, grid and prefix are derived from the tokenizer, the resolution and the caption encoder
     # the zoo's architecture (TransformerConfig's own defaults are a generic model's)

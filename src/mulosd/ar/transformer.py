@@ -200,6 +200,29 @@ class Transformer(nn.Module):
     def from_config(cls, config: dict) -> Transformer:
         return cls(TransformerConfig(**config))
 
+    @torch.no_grad()
+    def load_grown(self, other: Transformer) -> None:
+        """Copy every tensor of `other`, a model of this architecture with as many or fewer layers, so that this
+        model computes what `other` computes. Growing in depth, each block of `other` is copied into a run of
+        consecutive blocks (the runs as even as the counts allow); the copies after the first start with their
+        residual output projections at zero, which makes them the identity until training moves them, while
+        their inputs' weights start where the trained block's are rather than from noise."""
+        theirs, ours = ({k: v for k, v in asdict(m.cfg).items() if k not in ("grid", "layers")} for m in (other, self))
+        if theirs != ours or other.cfg.layers > self.cfg.layers:
+            changed = [f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]]
+            if other.cfg.layers > self.cfg.layers:
+                changed.append(f"layers: {other.cfg.layers} there, {self.cfg.layers} here (it can only grow)")
+            raise ValueError(f"another architecture ({', '.join(changed)})")
+        src = [j * other.cfg.layers // self.cfg.layers for j in range(self.cfg.layers)]
+        state = {k: v for k, v in other.state_dict().items() if not k.startswith("blocks.")}
+        for j, i in enumerate(src):
+            state |= {f"blocks.{j}.{k}": v for k, v in other.blocks[i].state_dict().items()}
+        self.load_state_dict(state)
+        for j in range(1, self.cfg.layers):
+            if src[j] == src[j - 1]:
+                self.blocks[j].attn.out.weight.zero_()
+                self.blocks[j].mlp.down.weight.zero_()
+
     def at_grid(self, grid: int) -> Transformer:
         """This multi-resolution model at another of its grids: shares every parameter, own positions."""
         if grid == self.cfg.grid:

@@ -74,20 +74,18 @@ class ARModule(L.LightningModule):
         self._compiled: dict[int, object] = {}  # grid -> the compiled training CE of the model at that grid
 
     def _init_from(self, name: str) -> None:
-        """Start from an exported AR model: every tensor, so its architecture, grids and tokenizer must be
-        this run's (the export holds the EMA weights when it had them, so the new run starts from those)."""
+        """Start from an exported AR model: every tensor, so its grids, tokenizer and architecture must be this
+        run's, except that this model may be deeper (grown with identity blocks: `Transformer.load_grown`);
+        the export holds the EMA weights when it had them, so the new run starts from those."""
         from ..zoo import check_same_tokenizer, load_ar
 
         other, encoder, meta = load_ar(name)
         check_same_tokenizer(meta, self.hparams["tokenizer"], f"model.init_from {name!r}")
-        theirs, ours = ({k: v for k, v in m.to_config().items() if k != "grid"} for m in (other, self.model))
-        if theirs != ours:
-            changed = ", ".join(f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k])
-            raise ValueError(f"{name} is another architecture ({changed})")
-        with torch.no_grad():
-            for own, theirs in ((self.model, other), (self.encoder, encoder)):
-                for p, q in zip(own.parameters(), theirs.parameters(), strict=True):
-                    p.copy_(q.float())
+        try:
+            self.model.load_grown(other)
+        except ValueError as e:
+            raise ValueError(f"{name} is {e}") from None
+        self.encoder.load_state_dict(encoder.state_dict())
 
     def configure_optimizers(self):
         o = self.optim
