@@ -11,7 +11,7 @@
 #   scripts/zoo_cycle.sh 1                         # -> RUNS/cycle1/export, tune.txt, report4242.txt, report4343.txt
 #   scripts/zoo_cycle.sh 2 zoo/synthscenes_ar_v2   # the next cycle, from the shipped model
 #   RUNS=/path/outside/the/repo BATCHES=3000 scripts/zoo_cycle.sh 1
-#   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=12   # more overrides: a deeper model, grown
+#   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=9    # more overrides: a deeper model, grown
 #   CFGS="10 20" TEMPS=1.0 scripts/zoo_cycle.sh ...                          # a smaller tuning grid
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
