@@ -207,7 +207,7 @@ class Transformer(nn.Module):
         consecutive blocks (the runs as even as the counts allow); the copies after the first start with their
         residual output projections at zero, which makes them the identity until training moves them, while
         their inputs' weights start where the trained block's are rather than from noise."""
-        theirs, ours = ({k: v for k, v in asdict(m.cfg).items() if k not in ("grid", "layers")} for m in (other, self))
+        theirs, ours = ({k: v for k, v in m.to_config().items() if k not in ("grid", "layers")} for m in (other, self))
         if theirs != ours or other.cfg.layers > self.cfg.layers:
             changed = [f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]]
             if other.cfg.layers > self.cfg.layers:
