@@ -11,6 +11,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mulosd import training
 from mulosd.config import (
     MODEL_SCHEMAS,
     ARModelConfig,
@@ -165,6 +166,16 @@ def test_trainer_and_loggers_build_from_config(tmp_path):
         assert (logger is False) == (name == "none")
     cfg = compose_config("train", [f"logger.save_dir={tmp_path}", "logger.mode=disabled"])
     assert type(build_logger(cfg, tmp_path / "run")).__name__ == "WandbLogger"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_cpu_bf16_autocast_only_where_the_cpu_multiplies_bf16(tmp_path, monkeypatch, caplog, native):
+    monkeypatch.setattr(training, "cpu_runs_bf16", lambda: native)
+    cfg = compose_config("train", ["trainer.precision=bf16-mixed", "logger=none"])
+    with caplog.at_level("WARNING", logger="mulosd.training"):
+        trainer = build_trainer(cfg, default_root_dir=tmp_path)
+    assert type(trainer.precision_plugin).__name__ == ("MixedPrecision" if native else "Precision")
+    assert ("no native bfloat16" in caplog.text) != native
 
 
 @pytest.mark.parametrize("name", ["csv", "wandb"])

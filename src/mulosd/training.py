@@ -65,9 +65,20 @@ def build_logger(cfg: DictConfig, run_dir: Path):
     return logger
 
 
+def cpu_runs_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (oneDNN: AVX-512 or AMX); without it, bf16 autocast falls
+    back to a reference path many times slower than fp32."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir: Path | None = None,
                   **overrides) -> L.Trainer:
     kwargs = OmegaConf.to_container(cfg.trainer, resolve=True) | overrides
+    if kwargs["accelerator"] == "cpu" and str(kwargs["precision"]).startswith("bf16") and not cpu_runs_bf16():
+        # on the CPU bf16 is a speed choice only (fp32 master weights either way): where it is slower, skip it
+        log.warning(f"trainer.precision={kwargs['precision']}: this CPU has no native bfloat16 "
+                    f"({torch.backends.cpu.get_cpu_capability()}), training in 32-true instead")
+        kwargs["precision"] = "32-true"
     return L.Trainer(logger=logger, callbacks=list(callbacks), default_root_dir=default_root_dir, **kwargs)
 
 
