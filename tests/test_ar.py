@@ -403,6 +403,7 @@ def test_export_weights_raw_exports_the_raw_copy_and_says_so(tmp_path):
             out = m.export(tmp_path / which, recipe="test")
         model, _, meta = load_ar(out)
         assert meta["weights"] == which
+        assert meta["trained_on"].startswith(f"cpu ({torch.backends.cpu.get_cpu_capability()})")  # speed's context
         outs[which] = (model.head.weight.float(), m.model.head.weight.detach(), m.ema.module["model"].head.weight)
     for which, (exported, raw, ema) in outs.items():
         expected = raw if which == "raw" else ema

@@ -261,4 +261,5 @@ def _hardware(device: torch.device) -> str:
     """Where the run trained, for the export's record."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu, {torch.get_num_threads()} threads"
+    # the vector unit sets the speed (and whether bf16 autocast pays): train_hours compare only within one
+    return f"cpu ({torch.backends.cpu.get_cpu_capability()}), {torch.get_num_threads()} threads"
