@@ -13,6 +13,7 @@
 #   RUNS=/path/outside/the/repo BATCHES=3000 scripts/zoo_cycle.sh 1
 #   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=9    # more overrides: a deeper model, grown
 #   CFGS="10 20" TEMPS=1.0 scripts/zoo_cycle.sh ...                          # a smaller tuning grid
+#   SHARDS=48 BATCHES=900 scripts/zoo_cycle.sh ...     # half the fresh scenes: a machine that tokenises slowly
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
 set -euo pipefail
@@ -20,10 +21,15 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
-SHARDS=96
+STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
+SHARDS=${SHARDS:-$STRIDE}
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
 EXTRA=("${@:3}")  # Hydra overrides for training and the re-export alike (the architecture's among them)
+if [ "$SHARDS" -gt "$STRIDE" ]; then
+    echo "error: SHARDS=$SHARDS would reach into the next cycle's shards (at most $STRIDE)" >&2
+    exit 2
+fi
 if [ "$N" -gt 1 ] && [ -z "$INIT" ]; then
     echo "error: cycle $N starts from the previous cycle's export: give it (a run's export/ or a zoo name)" >&2
     exit 2
@@ -34,7 +40,7 @@ export PYTHONUNBUFFERED=1
 
 if [ ! -f "$RUN/export/config.json" ]; then
     ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
-          "data.synth.first_shard=$(( (N - 1) * SHARDS ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
+          "data.synth.first_shard=$(( (N - 1) * STRIDE ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
           "${EXTRA[@]}")
     [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT")
     [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
