@@ -76,3 +76,15 @@ def test_infer_log_holds_what_the_run_printed(tmp_path):
     printed = [line for line in r.stdout.splitlines() if line.strip()]
     logged = (tmp_path / "h" / "infer.log").read_text()
     assert len(printed) == 3 and all(line in logged for line in printed)
+
+
+def test_zoo_cycle_refuses_bad_arguments_before_touching_anything(tmp_path):
+    """scripts/zoo_cycle.sh: a cycle past the first needs the export it starts from, and SHARDS may not reach into
+    the next cycle's shards; both are one-line errors before any run directory exists."""
+    env = {"PATH": "/usr/bin:/bin", "RUNS": str(tmp_path / "runs")}
+    for args, extra, says in ((["2"], {}, "starts from the previous cycle's export"),
+                              (["5", "zoo/synthscenes_ar_v2"], {"SHARDS": "97"}, "next cycle's shards")):
+        r = subprocess.run(["bash", "scripts/zoo_cycle.sh", *args], cwd=ROOT, env=env | extra, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "runs").exists()
