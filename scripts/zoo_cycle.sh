@@ -26,6 +26,9 @@ SHARDS=${SHARDS:-$STRIDE}
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
 EXTRA=("${@:3}")  # Hydra overrides for training and the re-export alike (the architecture's among them)
+# validate halfway and at the last batch, where the raw weights and the EMA are compared for the export
+VAL=("model.train.val_every=$(( BATCHES / 2 ))")
+for o in "${EXTRA[@]}"; do [[ $o == model.train.val_every=* ]] && VAL=(); done
 if [ "$SHARDS" -gt "$STRIDE" ]; then
     echo "error: SHARDS=$SHARDS would reach into the next cycle's shards (at most $STRIDE)" >&2
     exit 2
@@ -41,7 +44,7 @@ export PYTHONUNBUFFERED=1
 if [ ! -f "$RUN/export/config.json" ]; then
     ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
           "data.synth.first_shard=$(( (N - 1) * STRIDE ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
-          "${EXTRA[@]}")
+          "${VAL[@]}" "${EXTRA[@]}")
     [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT")
     [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
     echo "cycle $N: $PY train.py ${ARGS[*]}"
