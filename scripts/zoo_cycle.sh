@@ -14,6 +14,7 @@
 #   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=9    # more overrides: a deeper model, grown
 #   CFGS="10 20" TEMPS=1.0 scripts/zoo_cycle.sh ...                          # a smaller tuning grid
 #   SHARDS=48 BATCHES=900 scripts/zoo_cycle.sh ...     # half the fresh scenes: a machine that tokenises slowly
+#   LR=1e-3 scripts/zoo_cycle.sh 2 ...                 # a later cycle's peak learning rate (the default: LR below)
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
 set -euo pipefail
@@ -23,12 +24,19 @@ RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
 STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
 SHARDS=${SHARDS:-$STRIDE}
+# a later cycle starts from a trained model: re-warming it to the recipe's peak undid most of what each cycle
+# then learnt, a lower peak keeps it (docs/zoo_v2.md, cycle 6)
+LR=${LR:-3e-4}
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
 EXTRA=("${@:3}")  # Hydra overrides for training and the re-export alike (the architecture's among them)
 # validate halfway and at the last batch, where the raw weights and the EMA are compared for the export
 VAL=("model.train.val_every=$(( BATCHES / 2 ))")
-for o in "${EXTRA[@]}"; do [[ $o == model.train.val_every=* ]] && VAL=(); done
+LRS=("model.optim.lr=$LR")
+for o in "${EXTRA[@]}"; do
+    [[ $o == model.train.val_every=* ]] && VAL=()
+    [[ $o == model.optim.lr=* ]] && LRS=()
+done
 if [ "$SHARDS" -gt "$STRIDE" ]; then
     echo "error: SHARDS=$SHARDS would reach into the next cycle's shards (at most $STRIDE)" >&2
     exit 2
@@ -45,7 +53,7 @@ if [ ! -f "$RUN/export/config.json" ]; then
     ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
           "data.synth.first_shard=$(( (N - 1) * STRIDE ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
           "${VAL[@]}" "${EXTRA[@]}")
-    [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT")
+    [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT" "${LRS[@]}")
     [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
     echo "cycle $N: $PY train.py ${ARGS[*]}"
     "$PY" train.py "${ARGS[@]}" >> "$RUN/train.log" 2>&1
