@@ -24,8 +24,8 @@ RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
 STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
 SHARDS=${SHARDS:-$STRIDE}
-# a later cycle starts from a trained model: re-warming it to the recipe's peak undid most of what each cycle
-# then learnt, a lower peak keeps it (docs/zoo_v2.md, cycle 6)
+# a later cycle starts from a trained model: re-warming it to the recipe's peak knocked its raw weights back for most
+# of the cycle (only the EMA export kept the cycle's gain); a lower peak does not (docs/zoo_v2.md, cycle 6)
 LR=${LR:-3e-4}
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
