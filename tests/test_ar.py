@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers, sample, warp
+from mulosd.ar.backbone import guidance_scale
 from mulosd.ar.noise import hash32, uniform
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
@@ -138,6 +139,31 @@ def test_cfg_scale_one_is_the_conditional_model_and_guidance_combines_logits():
         bb = ARBackbone(model, enc, cfg_scale=scale)
         got = torch.cat([bb.start(caps), bb(torch.arange(15).expand(2, 15), tokens[:, :15])], 1)
         assert torch.allclose(got, want.float(), atol=1e-4), scale
+
+
+def test_a_linear_guidance_schedule_guides_each_token_at_its_raster_positions_scale():
+    """Position p is drawn at 1 + 2 (s - 1) p / (N - 1): the conditional model alone for the first token, 2 s - 1
+    for the last, s on average; written in any order and any number at a time, each token's logits are those
+    of a constant scale equal to its own."""
+    model, enc = _model()
+    caps = _captions(2)
+    tokens = torch.randint(0, CFG.vocab_size, (2, 16))
+    with torch.no_grad():
+        cond, null = model(tokens, enc(caps)), model(tokens, None)
+    scales = guidance_scale("linear", 4.0, torch.arange(16), 16)
+    assert scales.shape == (16, 1) and scales[0].item() == 1.0 and scales[-1].item() == 7.0
+    assert scales.mean().item() == pytest.approx(4.0)
+    want = null + scales * (cond - null)
+    bb = ARBackbone(model, enc, cfg_scale=4.0, cfg_schedule="linear")
+    first = bb.start(caps)
+    assert torch.allclose(first, cond[:, :1].float(), atol=1e-4)  # scale 1 at position 0
+    order = torch.randperm(15)
+    got = bb(order.expand(2, 15), tokens[:, order])
+    assert torch.allclose(got, want[:, order + 1].float(), atol=1e-4)
+    assert guidance_scale("linear", 1.0, torch.arange(16), 16) == 1.0  # no guidance at all: no null rows
+    assert guidance_scale("constant", 4.0, torch.arange(16), 16) == 4.0
+    with pytest.raises(ValueError, match="unknown guidance schedule"):
+        ARBackbone(model, enc, cfg_scale=4.0, cfg_schedule="cosine")
 
 
 def test_warpers():
@@ -283,6 +309,9 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
                  "--cfg-scale", "7", "--prompt-seed", "777"]) == 0
     row = capsys.readouterr().out.strip().splitlines()[3].split("|")
     assert float(row[5]) == 7.0  # the CFG column
+    assert main(["--n", "3", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer),
+                 "--cfg-scale", "7", "--cfg-schedule", "linear", "--prompt-seed", "777"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[3].split("|")[5].strip() == "7.0 linear"
 
 
 def test_tuning_picks_the_best_sampling_per_size_and_records_it(tmp_path, tiny_tokenizer, capsys, monkeypatch):
@@ -293,19 +322,29 @@ def test_tuning_picks_the_best_sampling_per_size_and_records_it(tmp_path, tiny_t
     common = ["--model", str(ar), "--tokenizer", str(tiny_tokenizer), "--n", "6", "--batch", "3"]
     assert main([*common, "--cfg", "0", "4", "--temperature", "0.5", "2", "--write"]) == 0
     out = capsys.readouterr().out
-    rows = [r.split("|")[1:5] for r in out.splitlines() if r.startswith("| ") and r[2].isdigit()]
+    rows = [r.split("|")[1:6] for r in out.splitlines() if r.startswith("| ") and r[2].isdigit()]
     assert len(rows) == 4, out
-    scores = [float(r[3]) for r in rows]
-    cfg, temperature = (float(x) for x in rows[scores.index(max(scores))][:2])
+    scores = [float(r[4]) for r in rows]
+    best = rows[scores.index(max(scores))]
+    cfg, temperature = float(best[0]), float(best[2])
     _, _, meta = load_ar(ar)
-    assert meta["sample_by_resolution"] == {"32": {"cfg_scale": cfg, "temperature": temperature, "top_k": 0}}
+    assert meta["sample_by_resolution"] == {"32": {"cfg_scale": cfg, "cfg_schedule": "constant",
+                                                   "temperature": temperature, "top_k": 0}}
     assert meta["sample"]["cfg_scale"] == cfg and meta["sample_tuned_on"] == {"prompt_seed": 777, "n": 6}
-    # the pick is the best score, the earlier combination on a tie
-    fake = {(0.0, 0.5): 0.2, (0.0, 2.0): 0.6, (4.0, 0.5): 0.6, (4.0, 2.0): 0.1}
+    # the pick is the best score, the earlier combination on a tie; schedules are part of the grid
+    fake = {(0.0, "constant", 0.5): 0.2, (0.0, "constant", 2.0): 0.6, (4.0, "constant", 0.5): 0.6,
+            (4.0, "constant", 2.0): 0.1, (0.0, "linear", 0.5): 0.3, (0.0, "linear", 2.0): 0.1,
+            (4.0, "linear", 0.5): 0.7, (4.0, "linear", 2.0): 0.7}
     monkeypatch.setattr("mulosd.reports.ar_tune.evaluate", lambda *a, sample, **k: {
-        "score": {"geneval": fake[sample["cfg_scale"], sample["temperature"]]}})
+        "score": {"geneval": fake[sample["cfg_scale"], sample["cfg_schedule"], sample["temperature"]]}})
     assert main([*common, "--cfg", "0", "4", "--temperature", "0.5", "2", "--write"]) == 0
-    assert load_ar(ar)[2]["sample_by_resolution"]["32"] == {"cfg_scale": 0.0, "temperature": 2.0, "top_k": 0}
+    assert load_ar(ar)[2]["sample_by_resolution"]["32"] == {"cfg_scale": 0.0, "cfg_schedule": "constant",
+                                                             "temperature": 2.0, "top_k": 0}
+    assert main([*common, "--cfg", "0", "4", "--temperature", "0.5", "2", "--schedule", "constant", "linear",
+                 "--write"]) == 0
+    assert load_ar(ar)[2]["sample_by_resolution"]["32"] == {"cfg_scale": 4.0, "cfg_schedule": "linear",
+                                                             "temperature": 0.5, "top_k": 0}
+    assert load_ar(ar)[2]["sample"]["cfg_schedule"] == "linear"
     with pytest.raises(SystemExit) as e:
         main([*common, "--prompt-seed", "4242"])  # the report's own prompts
     assert e.value.code == 2 and "tune on another world seed" in capsys.readouterr().err

@@ -61,6 +61,19 @@ def test_the_fused_step_is_the_models_step(half, scale, n):
         assert torch.allclose(a, b, atol=1e-5)
 
 
+def test_the_fused_step_guides_each_token_at_its_own_scale():
+    """A guidance schedule's per-token scales ([images, n, 1]) in the C step: the graph's guide, token by token."""
+    model, enc = _model(False)
+    fused = FusedStep.for_model(model, 4.0)
+    cache, ours = _context(model, enc, 4), _context(model, enc, 4)
+    slots = torch.tensor([[10, 12, 11], [13, 10, 18], [10, 12, 11], [13, 10, 18]])
+    tokens = torch.randint(0, CFG.vocab_size, (4, 3), generator=torch.Generator().manual_seed(2))
+    scales = torch.tensor([[[1.0], [3.0], [7.0]], [[2.0], [5.5], [0.5]]])
+    want = guide(model.step(slots, model.embed(tokens), cache), scales)
+    assert not torch.allclose(want, guide(model.step(slots, model.embed(tokens), _context(model, enc, 4)), 4.0))
+    assert torch.allclose(fused(slots, tokens, ours, scales), want, atol=1e-4, rtol=1e-4)
+
+
 def test_a_rows_logits_do_not_depend_on_its_batch():
     model, enc = _model(half=True)
     fused = FusedStep.for_model(model, 1.0)
@@ -111,6 +124,13 @@ def test_compiled_decodes_give_the_eager_tokens_in_float32():
     assert torch.equal(many[:3], compiled)
     eager_zipar, _ = decode_zipar(ARBackbone(model, enc, 2.0), CAPS, window=2, seed=3)
     assert torch.equal(decode_zipar(bb, CAPS, window=2, seed=3)[0], eager_zipar)
+    # a guidance schedule's per-token scales through the fused step and the graph alike
+    linear = {"cfg_scale": 2.0, "cfg_schedule": "linear"}
+    eager, _ = decode_zipar(ARBackbone(model, enc, **linear), CAPS * 3, window=2, seed=3)
+    assert torch.equal(decode_zipar(ARBackbone(model, enc, compile=True, **linear), CAPS * 3, window=2, seed=3)[0],
+                       eager)
+    eager, _ = decode_ar(ARBackbone(model, enc, **linear), CAPS, seed=3)
+    assert torch.equal(decode_ar(ARBackbone(model, enc, compile=True, **linear), CAPS, seed=3)[0], eager)
 
 
 def test_models_it_does_not_cover_fall_back_to_the_graph():

@@ -62,6 +62,7 @@ def test_every_baseline_decodes_through_infer(tiny_zoo, tmp_path, decoding):
     ("tau=1.5", "tau"), ("tau=nan", "tau"), ("r=3", "r"), ("prompt=a purple unicorn", "prompt"),
     ("models.up=UP_OTHER", "models.up"), ("models.verifier=/nonexistent", "models.verifier"),
     ("radius=-1", "radius"), ("stage=adversarial", "stage"), ("draft_cfg_scale=-2", "draft_cfg_scale"),
+    ("cfg_schedule=cosine", "cfg_schedule"),
 ])
 def test_bad_requests_fail_before_decoding_with_one_line(tiny_zoo, tmp_path, override, key, capsys):
     """In-process (test_cli_typo_exits_nonzero_naming_the_key runs a real interpreter for the exit path)."""
@@ -174,3 +175,11 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
               f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
     pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
     assert pipe.drafter_cfg_scale == 7.0 and pipe.cfg_scale == config["sample"]["cfg_scale"]
+    # a recorded guidance schedule reaches every model's backbone; the command line's wins
+    assert pipe.cfg_schedule == "constant"  # an export from before schedules
+    config["sample"]["cfg_schedule"] = "linear"
+    (tmp_path / "multi" / "config.json").write_text(json.dumps(config))
+    pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
+    assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"linear"}
+    pipe = Pipeline.from_config(compose_config("infer", [*models, "cfg_schedule=constant"]), {"mulosd"})
+    assert pipe.backbone("drafter").cfg_schedule == "constant"

@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .ar.backbone import GUIDANCE_SCHEDULES
 from .ar.transformer import TransformerConfig
 from .data.synthscenes import vocab
 from .decoding import STRATEGY_CONFIGS, STRATEGY_NAMES, KnobError, from_config
@@ -148,6 +149,7 @@ class SampleConfig:
     """How validation samples (and the AR report) are drawn."""
 
     cfg_scale: float = 3.0
+    cfg_schedule: str = "constant"  # constant | linear (ar.backbone.guidance_scale: 1 -> 2 cfg_scale - 1 on the raster)
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -290,6 +292,7 @@ class InferConfig:
     size: int = 128  # decoding=reference only (the models fix the size otherwise)
     # sampling (None: the verifier's recorded defaults)
     cfg_scale: float | None = None
+    cfg_schedule: str | None = None  # constant | linear: the guidance scale along the raster (every model decoding)
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
@@ -463,6 +466,7 @@ def _validate_ar(m: DictConfig) -> DictConfig:
     _require(0 <= o.warmup_batches < m.train.batches, "model.optim.warmup_batches",
              f"must be in [0, model.train.batches={m.train.batches})")
     _require(m.sample.cfg_scale >= 0, "model.sample.cfg_scale", "must be >= 0")
+    _one_of(m.sample.cfg_schedule, GUIDANCE_SCHEDULES, "model.sample.cfg_schedule")
     _require(m.sample.temperature >= 0, "model.sample.temperature", "must be >= 0")
     _require(0 < m.sample.top_p <= 1, "model.sample.top_p", "must be in (0, 1]")
     return m
@@ -537,6 +541,8 @@ def validate_infer(cfg: DictConfig) -> None:
             raise ConfigError(e.key, e.detail) from None
     # the command line keeps tau a threshold on a probability; MuLoSDConfig also takes tau > 1 (reject every draft)
     _require(cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")
+    if cfg.cfg_schedule is not None:
+        _one_of(cfg.cfg_schedule, GUIDANCE_SCHEDULES, "cfg_schedule")
     for key in ("cfg_scale", "draft_cfg_scale"):  # NaN fails too
         _require(cfg[key] is None or cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
     _require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")

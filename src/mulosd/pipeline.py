@@ -54,17 +54,24 @@ def _warpers(cfg: DictConfig, recorded: dict) -> Warpers:
     return Warpers(*(recorded[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
 
 
+def _schedule(cfg: DictConfig, recorded: dict) -> str:
+    """The guidance schedule: the config's where set, else the verifier's recorded one (constant where none)."""
+    return recorded.get("cfg_schedule", "constant") if cfg.cfg_schedule is None else cfg.cfg_schedule
+
+
 class Pipeline:
     """The models of a run. Every attribute is always set; the ones a strategy set does not need are None."""
 
     def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
                  drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
-                 small=None, small_encoder=None, conditioner=None, drafter_cfg_scale: float | None = None):
+                 small=None, small_encoder=None, conditioner=None, drafter_cfg_scale: float | None = None,
+                 cfg_schedule: str = "constant"):
         self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
         # conditioning computed once per batch before decoding (Tar's LLM and TA-Tok): `prepare(captions, seed,
         # image_ids)`, and `seconds` per stage of the last batch
         self.conditioner = conditioner
         self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
+        self.cfg_schedule = cfg_schedule  # how the guidance scale runs along the raster, for every model
         self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
         self.drafter_cfg_scale = drafter_cfg_scale  # its recorded guidance (None: the verifier's)
         self.up, self.down = up, down  # U_r and D_r as token -> token callables
@@ -90,7 +97,7 @@ class Pipeline:
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
         s = meta["sample"]
         cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        extra = {}
+        extra = {"cfg_schedule": _schedule(cfg, s)}
         if strategies & {"mulosd", "lantern"}:
             k = max(cfg.pool_k, cfg.lantern_k, 1)
             codes = tokenizer.codebook_size
@@ -171,6 +178,7 @@ class Pipeline:
 
         m, s = cfg.models, t2i.sample
         cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
+        extra["cfg_schedule"] = _schedule(cfg, s)
         warpers = _warpers(cfg, s)
         if warpers.temperature == 0:
             log.warning(f"temperature=0 (greedy) with {cfg.backbone}: greedy decoding is known to ruin its 512 px "
@@ -187,7 +195,8 @@ class Pipeline:
         """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
         model, encoder = {"verifier": (self.verifier, self.encoder), "drafter": (self.drafter, self.drafter_encoder),
                           "small": (self.small, self.small_encoder)}[which]
-        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile)
+        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile,
+                          cfg_schedule=self.cfg_schedule)
 
     def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
         """With cfg.compile: compile every graph a decode of this batch size can meet, for the models the

@@ -163,7 +163,9 @@ def load_ar(name_or_path: str | Path, device="cpu", resolution: int | None = Non
             raise ValueError(f"{path} draws at {', '.join(f'{s} px' for s in sizes)}, not at {resolution} px")
         model = model.at_grid(resolution // (meta["resolution"] // model.cfg.grid))
         meta = meta | {"resolution": resolution}
-    return model, encoder, meta | {"sample": meta["sample"] | sample_at(meta, meta["resolution"])}
+    # exports from before guidance schedules guided at one constant scale
+    sample = {"cfg_schedule": "constant"} | meta["sample"] | sample_at(meta, meta["resolution"])
+    return model, encoder, meta | {"sample": sample}
 
 
 def sample_at(meta: dict, resolution: int) -> dict:

@@ -1,6 +1,6 @@
 """`ARBackbone`: the one call every decoding strategy makes.
 
-    bb = ARBackbone(model, encoder, cfg_scale=3.0)
+    bb = ARBackbone(model, encoder, cfg_scale=3.0)   # cfg_schedule="linear": the scale ramps along the raster
     logits0 = bb.start(captions)               # condition prefix into the cache; logits for position 0
     logits = bb(positions, tokens)             # write tokens at grid positions; logits for position + 1
     tokens = bb.draw(logits, warpers, seed, images, positions + 1)   # warp and sample (compiled with the step)
@@ -8,7 +8,8 @@
 
 Positions are raster indices on the grid, any set per call ([B, n]); each written token attends to the
 filled slots at or before it. With guidance the batch is doubled internally (conditional rows, then rows
-with the learned null condition) and the returned logits are `u + scale * (c - u)`, computed in float32.
+with the learned null condition) and the returned logits are `u + scale * (c - u)`, computed in float32, the
+scale set by the token they predict (`guidance_scale`).
 `calls` and `tokens_in` count forward passes and processed token slots for the decoders' traces.
 """
 
@@ -20,12 +21,33 @@ from .fused import FusedStep
 from .sampling import Warpers, draw
 from .transformer import KVCache, Transformer
 
+GUIDANCE_SCHEDULES = ("constant", "linear")
+
+
+def guidance_scale(schedule: str, cfg_scale: float, positions: torch.Tensor, n: int) -> float | torch.Tensor:
+    """The guidance scale for drawing the tokens at raster positions [B, k] of an n-token grid: `cfg_scale`
+    everywhere ("constant"), or ("linear") rising from 1 (the conditional model alone) at the first token to
+    2 cfg_scale - 1 at the last, so that its mean stays cfg_scale. The linear ramp is VAR's schedule over scales
+    laid along the raster: a constant strong scale turns every place where the conditional model merely allows
+    an object into one (counting prompts get too many), and a weak one loses colours (docs/zoo_v2.md).
+    -> a float, or [B, k, 1] float32 to broadcast over the vocabulary."""
+    if schedule == "constant" or cfg_scale == 1.0:
+        return cfg_scale
+    if schedule != "linear":
+        raise ValueError(f"unknown guidance schedule {schedule!r}; known: {', '.join(GUIDANCE_SCHEDULES)}")
+    ramp = positions.clamp(0, n - 1).float() / max(n - 1, 1)
+    return (1.0 + 2.0 * (cfg_scale - 1.0) * ramp)[..., None]
+
 
 class ARBackbone:
-    def __init__(self, model: Transformer, encoder, cfg_scale: float = 1.0, compile: bool = False):
+    def __init__(self, model: Transformer, encoder, cfg_scale: float = 1.0, compile: bool = False,
+                 cfg_schedule: str = "constant"):
         if cfg_scale < 0:
             raise ValueError(f"cfg_scale must be >= 0, got {cfg_scale}")
+        if cfg_schedule not in GUIDANCE_SCHEDULES:
+            raise ValueError(f"unknown guidance schedule {cfg_schedule!r}; known: {', '.join(GUIDANCE_SCHEDULES)}")
         self.model, self.encoder, self.cfg_scale = model, encoder, float(cfg_scale)
+        self.cfg_schedule = cfg_schedule
         self.cache: KVCache | None = None
         self.calls = self.tokens_in = 0
         # the decode step compiled (torch.compile, static shapes): token counts padded up to a few buckets; on a
@@ -41,6 +63,10 @@ class ARBackbone:
     @property
     def grid(self) -> int:
         return self.model.cfg.grid
+
+    def scale(self, positions: torch.Tensor) -> float | torch.Tensor:
+        """The guidance scale for drawing the tokens at grid positions [B, k] (`guidance_scale`)."""
+        return guidance_scale(self.cfg_schedule, self.cfg_scale, positions, self.grid * self.grid)
 
     @property
     def vocab_size(self) -> int:
@@ -105,7 +131,7 @@ class ARBackbone:
         logits = self.model.step(slots, prefix, self.cache, fill=fill)[:, -1:]
         self.calls += 1
         self.tokens_in += B * P
-        return guide(logits, self.cfg_scale)
+        return guide(logits, self.scale(torch.zeros(B, 1, dtype=torch.long, device=self.device)))
 
     @torch.no_grad()
     def __call__(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -118,20 +144,24 @@ class ARBackbone:
         N = self.grid * self.grid
         if positions.numel() and (positions.min() < 0 or positions.max() >= N):
             raise ValueError(f"positions must be in [0, {N})")
-        slots = positions.to(self.device) + self.model.cfg.prefix
+        positions = positions.to(self.device)
+        scale = self.scale(positions + 1)  # a position's logits predict the next one in raster order
+        slots = positions + self.model.cfg.prefix
         tokens = tokens.to(self.device)
         if self.guided:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
         n = slots.shape[1]
         if self._fused is not None and self._fused.covers(*slots.shape):
-            logits = self._fused(slots, tokens, self.cache)
+            logits = self._fused(slots, tokens, self.cache, scale)
         elif self._step is None or n == 0:
-            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), self.cfg_scale)
+            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), scale)
         else:
             # pad to the bucket by repeating the last write: a duplicate write of one slot in one forward
             # computes the same K/V twice, and the extra outputs are dropped; guidance is part of the graph
             slots, tokens = (_pad(t, bucket(n)) for t in (slots, tokens))
-            logits = self._step(slots, tokens, self.cache)[:, :n]
+            if isinstance(scale, torch.Tensor):
+                scale = _pad(scale, bucket(n)).contiguous()
+            logits = self._step(slots, tokens, self.cache, scale)[:, :n]
         self.calls += 1
         self.tokens_in += positions.numel()
         return logits
@@ -153,11 +183,11 @@ class ARBackbone:
         self.cache.filled[rows[:, None], slots] = False
 
 
-def guide(logits: torch.Tensor, scale: float) -> torch.Tensor:
+def guide(logits: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """Classifier-free guidance in float32: rows [conditional; null] -> u + scale * (c - u) (scale 1: c alone,
-    and no null rows were run)."""
+    and no null rows were run). `scale` is a float or one per token ([B, n, 1], `guidance_scale`)."""
     logits = logits.float()
-    if scale == 1.0:
+    if isinstance(scale, float) and scale == 1.0:
         return logits
     c, u = logits.chunk(2)
     return u + scale * (c - u)
@@ -184,12 +214,12 @@ def bucket(n: int) -> int:
 def compiled_step(model: Transformer, cfg_scale: float):
     """`model.step` on token ids and guidance, compiled once per model object and scale with static shapes
     (inductor): every (rows, bucket) pair compiles once per process; a new KV cache of the same shape reuses
-    the graphs."""
+    the graphs. The step's `scale` is the constant `cfg_scale` or a schedule's per-token scales (a graph input)."""
     key = (id(model), cfg_scale)
     if key not in _COMPILED or _COMPILED[key][0] is not model:
 
-        def step(slots, tokens, cache):
-            return guide(model.step(slots, model.embed(tokens), cache), cfg_scale)
+        def step(slots, tokens, cache, scale):
+            return guide(model.step(slots, model.embed(tokens), cache), scale)
 
         _allow_recompiles()
         if next(model.parameters()).is_cuda:  # CUDA graphs remove the launch cost (untested here: no GPU)

@@ -83,7 +83,7 @@ def _build() -> ctypes.CDLL | None:
     lib.mulosd_step.restype = None
     lib.mulosd_step.argtypes = [ctypes.POINTER(_Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
-                                ctypes.c_float, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.mulosd_draw.restype = None
     lib.mulosd_draw.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float,
                                 ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -96,7 +96,7 @@ def _ptrs(tensors) -> ctypes.Array:
 
 
 class FusedStep:
-    """`guide(model.step(slots, model.embed(tokens), cache), cfg_scale)` for up to MAX_TOKENS tokens per row,
+    """`guide(model.step(slots, model.embed(tokens), cache), scale)` for up to MAX_TOKENS tokens per row,
     as one C call. Holds pointers into the model's weights: they must stay where they are (no `.to()`)."""
 
     def __init__(self, lib: ctypes.CDLL, model: Transformer, cfg_scale: float):
@@ -161,7 +161,9 @@ class FusedStep:
                              positions.data_ptr(), self._scratch.data_ptr(), tokens.data_ptr())
         return tokens
 
-    def __call__(self, slots: torch.Tensor, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def __call__(self, slots: torch.Tensor, tokens: torch.Tensor, cache: KVCache,
+                 scale: float | torch.Tensor | None = None) -> torch.Tensor:
+        """`scale`: the guidance scale, one for all tokens or one per token ([R / 2, n, 1]); None: cfg_scale."""
         R, n = slots.shape
         if cache.k[0].dtype != torch.float32 or n > MAX_TOKENS:
             raise ValueError("the fused step takes an fp32 cache and at most MAX_TOKENS tokens per row")
@@ -174,8 +176,11 @@ class FusedStep:
         _, k, v = self._cache_ptrs
         guided = self.cfg_scale != 1.0
         logits = torch.empty(R // 2 if guided else R, n, self.vocab)
+        scale = self.cfg_scale if scale is None else scale
+        scales = (scale.float().reshape(-1) if isinstance(scale, torch.Tensor) else torch.full((1,), scale)
+                  ).expand(m // 2 if guided else 1).contiguous()  # one per conditional token
         slots, tokens = slots.contiguous(), tokens.contiguous()
         self.lib.mulosd_step(ctypes.byref(self.struct), R, n, slots.data_ptr(), tokens.data_ptr(), k, v,
-                             cache.filled.data_ptr(), self.cfg_scale, int(guided), self._scratch.data_ptr(),
+                             cache.filled.data_ptr(), scales.data_ptr(), int(guided), self._scratch.data_ptr(),
                              logits.data_ptr())
         return logits

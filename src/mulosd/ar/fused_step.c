@@ -115,9 +115,10 @@ static void rotate(float *restrict v, const float *restrict cs, int half) {
 
 /* rows R, tokens per row n; slots, tokens [R, n]; caches per layer [R, heads, slots, head_dim]; filled
  * [R, slots] (bytes); scratch: at least m * (6 dim + 3 hidden + vocab) + slots floats, m = R n;
- * logits [R, n, vocab], or [R / 2, n, vocab] guided (rows: conditional, then null) */
+ * logits [R, n, vocab], or [R / 2, n, vocab] guided (rows: conditional, then null), each conditional token i
+ * guided at its own scale cfg_scales[i] */
 void mulosd_step(const Model *M, int R, int n, const int64_t *slots, const int64_t *tokens, float *const *kc,
-                 float *const *vc, uint8_t *filled, float cfg_scale, int guided, float *scratch, float *logits) {
+                 float *const *vc, uint8_t *filled, const float *cfg_scales, int guided, float *scratch, float *logits) {
     const int d = M->dim, H = M->heads, Dh = d / H, hid = M->hidden, V = M->vocab, S = M->slots, m = R * n;
     float *x = scratch, *h = x + m * d, *qkv = h + m * d, *att = qkv + 3 * m * d, *gu = att + m * d,
           *act = gu + 2 * m * hid, *probs = act + m * hid, *out = probs + S;
@@ -187,7 +188,8 @@ void mulosd_step(const Model *M, int R, int n, const int64_t *slots, const int64
         int half = m / 2;
         for (int i = 0; i < half; i++) {
             const float *c = raw + (int64_t)i * V, *u = raw + (int64_t)(i + half) * V;
-            for (int j = 0; j < V; j++) logits[(int64_t)i * V + j] = u[j] + cfg_scale * (c[j] - u[j]);
+            const float g = cfg_scales[i];
+            for (int j = 0; j < V; j++) logits[(int64_t)i * V + j] = u[j] + g * (c[j] - u[j]);
         }
     }
 }

@@ -201,7 +201,7 @@ class ARModule(L.LightningModule):
 
         s = self.hparams["sample"]
         tokenizer = load_tokenizer(self.hparams["tokenizer"], device=self.device)
-        backbone = ARBackbone(*self.weights(), cfg_scale=s["cfg_scale"])
+        backbone = ARBackbone(*self.weights(), cfg_scale=s["cfg_scale"], cfg_schedule=s.get("cfg_schedule", "constant"))
         tokens, _ = decode_ar(backbone, captions, seed=0, warpers=Warpers(s["temperature"], s["top_k"], s["top_p"]))
         images = tokens_to_images(tokenizer, tokens)
         ok = [judge(im, parse_caption(c)).geneval for im, c in zip(images, captions, strict=True)]

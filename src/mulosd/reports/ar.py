@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers
+from ..ar.backbone import GUIDANCE_SCHEDULES
 from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
@@ -30,22 +31,24 @@ MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
              progress: bool = True, resolution: int | None = None, fd_radius: tuple[float, float] | None = None,
              sample: dict | None = None) -> dict:
-    """`sample` overrides the model's recorded sampling defaults (cfg_scale, temperature, top_k, top_p)."""
+    """`sample` overrides the model's recorded sampling defaults (cfg_scale, cfg_schedule, temperature, top_k,
+    top_p)."""
     model, encoder, meta = load_ar(model_name, resolution=resolution)
     check_same_tokenizer(meta, tokenizer_name, model_name)
     tokenizer = load_tokenizer(tokenizer_name)
     s = meta["sample"] | (sample or {})
     warpers = Warpers(s["temperature"], s["top_k"], s["top_p"])
+    guidance = {"cfg_scale": s["cfg_scale"], "cfg_schedule": s["cfg_schedule"]}
     images, start = [], time.perf_counter()
     for i in tqdm(range(0, len(prompts), batch), desc=f"{model_name} {meta['resolution']} px", disable=not progress):
         chunk = prompts[i:i + batch]
-        bb = ARBackbone(model, encoder, cfg_scale=s["cfg_scale"])
+        bb = ARBackbone(model, encoder, **guidance)
         tokens, _ = decode_ar(bb, chunk, seed=0, warpers=warpers, image_ids=torch.arange(i, i + len(chunk)))
         images += tokens_to_images(tokenizer, tokens)
     batched_s = time.perf_counter() - start
     lat = []
     for i in range(min(latency_prompts, len(prompts))):  # batch 1, as the paper reports latency
-        _, trace = decode_ar(ARBackbone(model, encoder, cfg_scale=s["cfg_scale"]), [prompts[i]], seed=0,
+        _, trace = decode_ar(ARBackbone(model, encoder, **guidance), [prompts[i]], seed=0,
                              warpers=warpers, image_ids=torch.tensor([i]))
         lat.append(trace.wall_s / trace.steps)
     score = geneval_score(images, prompts)
@@ -58,7 +61,8 @@ def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: in
         fd = frechet_distance(vgg_features(images), vgg_features(reference))
     return {"resolution": meta["resolution"], "grid": model.cfg.grid, "params": params, "score": score,
             "ms_per_token": 1000 * float(torch.tensor(lat).median()) if lat else float("nan"),
-            "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "images": images, "fd_vgg": fd}
+            "images_per_s": len(prompts) / batched_s, "cfg_scale": s["cfg_scale"], "cfg_schedule": s["cfg_schedule"],
+            "images": images, "fd_vgg": fd}
 
 
 def main(argv=None) -> int:
@@ -74,11 +78,13 @@ def main(argv=None) -> int:
     ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
                     help="the world geometry of the FD references (object half-size range)")
     ap.add_argument("--cfg-scale", type=float, help="instead of each model's recorded guidance scale")
+    ap.add_argument("--cfg-schedule", choices=GUIDANCE_SCHEDULES,
+                    help="instead of each model's recorded guidance schedule (linear: 1 -> 2 CFG - 1 along the raster)")
     ap.add_argument("--temperature", type=float, help="instead of each model's recorded temperature")
     ap.add_argument("--top-k", type=int, help="instead of each model's recorded top-k")
     args = ap.parse_args(argv)
-    sample = {k: v for k, v in (("cfg_scale", args.cfg_scale), ("temperature", args.temperature),
-                                ("top_k", args.top_k)) if v is not None}
+    sample = {k: v for k, v in (("cfg_scale", args.cfg_scale), ("cfg_schedule", args.cfg_schedule),
+                                ("temperature", args.temperature), ("top_k", args.top_k)) if v is not None}
     if args.n < 1 or args.batch < 1:
         ap.error("--n and --batch must be >= 1")
     if args.prompt_seed == 0:
@@ -104,7 +110,8 @@ def main(argv=None) -> int:
           f"(batch {args.batch}) |" + (" FD-VGG |" if args.fd else ""))
     print("|---" * (8 + len(cats) + args.fd) + "|")
     for name, r in rows.items():
-        print(f"| {name} | {r['resolution']} | {r['grid']}x{r['grid']} | {r['params'] / 1e6:.1f}M | {r['cfg_scale']} | "
+        print(f"| {name} | {r['resolution']} | {r['grid']}x{r['grid']} | {r['params'] / 1e6:.1f}M | {r['cfg_scale']}"
+              + ("" if r["cfg_schedule"] == "constant" else f" {r['cfg_schedule']}") + " | "
               + " | ".join(f"{r['score'].get(c, float('nan')):.2f}" for c in cats)
               + f" | {r['score']['geneval']:.3f} | {r['ms_per_token']:.2f} | {r['images_per_s']:.2f} |"
               + (f" {r['fd_vgg']:.2f} |" if args.fd else ""))

@@ -1,12 +1,13 @@
 """python -m mulosd.reports.ar_tune --model DIR [--prompt-seed 777] [--n 200] [--cfg 3 5 7 10] [--temperature 1]
-                                    [--top-k 0] [--write]
+                                    [--top-k 0] [--schedule constant linear] [--write]
 
 Chooses an exported AR model's sampling defaults, per size: plain AR with every combination of guidance scale,
-temperature and top-k on a tuning prompt set, one GenEval table per size and the best combination (ties go to
-the earlier one in the grid). The tuning set is a world seed of its own: the report's held-out set (the default
---prompt-seed of mulosd.reports.ar) and the training seed are refused, so that the defaults are never chosen on
-the prompts they are reported on. With --write the picks go into the export's config.json as
-`sample_by_resolution` (which load_ar, infer.py and the reports read), with the set they were chosen on.
+guidance schedule, temperature and top-k on a tuning prompt set, one GenEval table per size and the best
+combination (ties go to the earlier one in the grid). The tuning set is a world seed of its own: the report's
+held-out set (the default --prompt-seed of mulosd.reports.ar) and the training seed are refused, so that the
+defaults are never chosen on the prompts they are reported on. With --write the picks go into the export's
+config.json as `sample_by_resolution` (which load_ar, infer.py and the reports read), with the set they were
+chosen on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 
 import torch
 
+from ..ar.backbone import GUIDANCE_SCHEDULES
 from ..atomic import atomic_write_bytes
 from ..eval import EVAL_SEED, prompt_set
 from ..zoo import TOKENIZER, read_config, resolve
@@ -35,6 +37,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cfg", type=float, nargs="+", default=[3.0, 5.0, 7.0, 10.0])
     ap.add_argument("--temperature", type=float, nargs="+", default=[1.0])
     ap.add_argument("--top-k", type=int, nargs="+", default=[0])
+    ap.add_argument("--schedule", nargs="+", choices=GUIDANCE_SCHEDULES, default=["constant"],
+                    help="guidance schedules (linear: the scale rises from 1 to 2 CFG - 1 along the raster)")
     ap.add_argument("--sizes", type=int, nargs="+", help="only these of the model's sizes (px)")
     ap.add_argument("--write", action="store_true", help="record the picks in the export's config.json")
     args = ap.parse_args(argv)
@@ -54,14 +58,14 @@ def main(argv=None) -> int:
         ap.error(f"{args.model} draws at {sizes} px, not at {sorted(set(args.sizes) - set(sizes))}")
     torch.manual_seed(0)
     prompts = prompt_set(args.n, seed=args.prompt_seed)
-    grid = list(itertools.product(args.cfg, args.temperature, args.top_k))
+    grid = list(itertools.product(args.cfg, args.schedule, args.temperature, args.top_k))
     picks = {}
     for px in args.sizes or sizes:
         print(f"\n{path.name} at {px} px, {args.n} prompts of world seed {args.prompt_seed}")
-        print("| CFG | temperature | top-k | GenEval |\n|---|---|---|---|")
+        print("| CFG | schedule | temperature | top-k | GenEval |\n|---|---|---|---|---|")
         best = None
-        for cfg_scale, temperature, top_k in grid:
-            sample = {"cfg_scale": cfg_scale, "temperature": temperature, "top_k": top_k}
+        for cfg_scale, schedule, temperature, top_k in grid:
+            sample = {"cfg_scale": cfg_scale, "cfg_schedule": schedule, "temperature": temperature, "top_k": top_k}
             try:
                 r = evaluate(str(path), args.tokenizer, prompts, args.batch, latency_prompts=0, progress=False,
                              resolution=px, sample=sample)
@@ -69,7 +73,7 @@ def main(argv=None) -> int:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
             score = r["score"]["geneval"]
-            print(f"| {cfg_scale:g} | {temperature:g} | {top_k} | {score:.3f} |", flush=True)
+            print(f"| {cfg_scale:g} | {schedule} | {temperature:g} | {top_k} | {score:.3f} |", flush=True)
             if best is None or score > best[0]:
                 best = (score, sample)
         picks[str(px)] = best[1]
