@@ -13,6 +13,7 @@
 #   RUNS=/path/outside/the/repo BATCHES=3000 scripts/zoo_cycle.sh 1
 #   scripts/zoo_cycle.sh 4 RUNS/cycle3/export model.transformer.layers=9    # more overrides: a deeper model, grown
 #   CFGS="10 20" TEMPS=1.0 scripts/zoo_cycle.sh ...                          # a smaller tuning grid
+#   SCHEDULES=linear scripts/zoo_cycle.sh ...          # guidance schedules tuned (default: constant and linear)
 #   SHARDS=48 BATCHES=900 scripts/zoo_cycle.sh ...     # half the fresh scenes: a machine that tokenises slowly
 #   LR=1e-3 scripts/zoo_cycle.sh 2 ...                 # a later cycle's peak learning rate (the default: LR below)
 #
@@ -74,11 +75,12 @@ PY
             "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" "${EXTRA[@]}" >> "$RUN/train.log" 2>&1
     fi
 fi
-# the grid around what cycle 1 picked, the highest guidance it tried (docs/zoo_v2.md)
+# the grid around what cycle 1 picked, the highest guidance it tried, at a constant scale and on the linear ramp
+# (docs/zoo_v2.md)
 if [ ! -f "$RUN/tune.txt" ]; then
     # shellcheck disable=SC2086  # the grids are lists of numbers
     "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg ${CFGS:-7 10 14 20} \
-        --temperature ${TEMPS:-0.7 1.0} --write | tee "$RUN/tune.tmp"
+        --temperature ${TEMPS:-0.7 1.0} --schedule ${SCHEDULES:-constant linear} --write | tee "$RUN/tune.tmp"
     mv "$RUN/tune.tmp" "$RUN/tune.txt"
 fi
 for seed in 4242 4343; do
