@@ -167,7 +167,7 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
 
     shutil.copytree(tiny_zoo / "multi", tmp_path / "multi")
     config = json.loads((tmp_path / "multi" / "config.json").read_text())
-    config["sample_by_resolution"] = {"64": {"cfg_scale": 7.0}}
+    config["sample_by_resolution"] = {"64": {"cfg_scale": 7.0, "cfg_schedule": "linear"}}
     (tmp_path / "multi" / "config.json").write_text(json.dumps(config))  # the weights' hash is unchanged
     assert load_ar(tmp_path / "multi", resolution=64)[2]["sample"]["cfg_scale"] == 7.0
     assert load_ar(tmp_path / "multi")[2]["sample"]["cfg_scale"] == config["sample"]["cfg_scale"]
@@ -175,11 +175,13 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
               f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
     pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
     assert pipe.drafter_cfg_scale == 7.0 and pipe.cfg_scale == config["sample"]["cfg_scale"]
-    # a recorded guidance schedule reaches every model's backbone; the command line's wins
-    assert pipe.cfg_schedule == "constant"  # an export from before schedules
+    # guidance schedules the same way: per size where recorded (none at 128 px: an export from before schedules
+    # guides at a constant scale), the command line's for every model
+    assert pipe.backbone("verifier").cfg_schedule == "constant" and pipe.backbone("drafter").cfg_schedule == "linear"
     config["sample"]["cfg_schedule"] = "linear"
+    del config["sample_by_resolution"]["64"]["cfg_schedule"]
     (tmp_path / "multi" / "config.json").write_text(json.dumps(config))
     pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
     assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"linear"}
     pipe = Pipeline.from_config(compose_config("infer", [*models, "cfg_schedule=constant"]), {"mulosd"})
-    assert pipe.backbone("drafter").cfg_schedule == "constant"
+    assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"constant"}

@@ -65,13 +65,14 @@ class Pipeline:
     def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
                  drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
                  small=None, small_encoder=None, conditioner=None, drafter_cfg_scale: float | None = None,
-                 cfg_schedule: str = "constant"):
+                 cfg_schedule: str = "constant", drafter_cfg_schedule: str | None = None):
         self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
         # conditioning computed once per batch before decoding (Tar's LLM and TA-Tok): `prepare(captions, seed,
         # image_ids)`, and `seconds` per stage of the last batch
         self.conditioner = conditioner
         self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
-        self.cfg_schedule = cfg_schedule  # how the guidance scale runs along the raster, for every model
+        self.cfg_schedule = cfg_schedule  # how the guidance scale runs along the raster
+        self.drafter_cfg_schedule = drafter_cfg_schedule  # the drafter's recorded schedule (None: the verifier's)
         self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
         self.drafter_cfg_scale = drafter_cfg_scale  # its recorded guidance (None: the verifier's)
         self.up, self.down = up, down  # U_r and D_r as token -> token callables
@@ -112,6 +113,8 @@ class Pipeline:
                 # and the guidance the export records for that size, if it records one
                 drafter, drafter_encoder = verifier.at_grid(verifier.cfg.grid // r), encoder
                 extra["drafter_cfg_scale"] = sample_at(meta, low).get("cfg_scale")
+                if cfg.cfg_schedule is None:  # the command line's schedule is every model's
+                    extra["drafter_cfg_schedule"] = sample_at(meta, low).get("cfg_schedule")
             else:
                 name = m.drafter or f"synthscenes_ar_{low}"
                 drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
@@ -195,8 +198,9 @@ class Pipeline:
         """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
         model, encoder = {"verifier": (self.verifier, self.encoder), "drafter": (self.drafter, self.drafter_encoder),
                           "small": (self.small, self.small_encoder)}[which]
+        schedule = self.drafter_cfg_schedule if which == "drafter" and self.drafter_cfg_schedule else self.cfg_schedule
         return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile,
-                          cfg_schedule=self.cfg_schedule)
+                          cfg_schedule=schedule)
 
     def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
         """With cfg.compile: compile every graph a decode of this batch size can meet, for the models the
