@@ -131,6 +131,9 @@ def test_compiled_decodes_give_the_eager_tokens_in_float32():
                        eager)
     eager, _ = decode_ar(ARBackbone(model, enc, **linear), CAPS, seed=3)
     assert torch.equal(decode_ar(ARBackbone(model, enc, compile=True, **linear), CAPS, seed=3)[0], eager)
+    # unguided (scale 1: no null rows) through the graph, eighteen rows
+    eager, _ = decode_zipar(ARBackbone(model, enc, 1.0), CAPS * 6, window=2, seed=3)
+    assert torch.equal(decode_zipar(ARBackbone(model, enc, 1.0, compile=True), CAPS * 6, window=2, seed=3)[0], eager)
 
 
 def test_models_it_does_not_cover_fall_back_to_the_graph():

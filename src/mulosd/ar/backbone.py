@@ -28,8 +28,9 @@ def guidance_scale(schedule: str, cfg_scale: float, positions: torch.Tensor, n: 
     """The guidance scale for drawing the tokens at raster positions [B, k] of an n-token grid: `cfg_scale`
     everywhere ("constant"), or ("linear") rising from 1 (the conditional model alone) at the first token to
     2 cfg_scale - 1 at the last, so that its mean stays cfg_scale. The linear ramp is VAR's schedule over scales
-    laid along the raster: a constant strong scale turns every place where the conditional model merely allows
-    an object into one (counting prompts get too many), and a weak one loses colours (docs/zoo_v2.md).
+    laid along the raster, tried because a constant strong scale turns places where the conditional model
+    merely allows an object into objects (counting prompts get too many) while a weak one loses colours; on the
+    zoo it measured a small gain at most (docs/zoo_v2.md), so it is a tuning choice.
     -> a float, or [B, k, 1] float32 to broadcast over the vocabulary."""
     if schedule == "constant" or cfg_scale == 1.0:
         return cfg_scale
@@ -159,9 +160,8 @@ class ARBackbone:
             # pad to the bucket by repeating the last write: a duplicate write of one slot in one forward
             # computes the same K/V twice, and the extra outputs are dropped; guidance is part of the graph
             slots, tokens = (_pad(t, bucket(n)) for t in (slots, tokens))
-            if isinstance(scale, torch.Tensor):
-                scale = _pad(scale, bucket(n)).contiguous()
-            logits = self._step(slots, tokens, self.cache, scale)[:, :n]
+            scales = _pad(scale, bucket(n)).contiguous() if isinstance(scale, torch.Tensor) else None
+            logits = self._step(slots, tokens, self.cache, scales)[:, :n]
         self.calls += 1
         self.tokens_in += positions.numel()
         return logits
@@ -214,12 +214,13 @@ def bucket(n: int) -> int:
 def compiled_step(model: Transformer, cfg_scale: float):
     """`model.step` on token ids and guidance, compiled once per model object and scale with static shapes
     (inductor): every (rows, bucket) pair compiles once per process; a new KV cache of the same shape reuses
-    the graphs. The step's `scale` is the constant `cfg_scale` or a schedule's per-token scales (a graph input)."""
+    the graphs. The step's `scales` are a schedule's per-token scales (a graph input), or None for `cfg_scale`
+    itself (a constant of the graph, so that scale 1 runs no guidance at all)."""
     key = (id(model), cfg_scale)
     if key not in _COMPILED or _COMPILED[key][0] is not model:
 
-        def step(slots, tokens, cache, scale):
-            return guide(model.step(slots, model.embed(tokens), cache), scale)
+        def step(slots, tokens, cache, scales=None):
+            return guide(model.step(slots, model.embed(tokens), cache), cfg_scale if scales is None else scales)
 
         _allow_recompiles()
         if next(model.parameters()).is_cuda:  # CUDA graphs remove the launch cost (untested here: no GPU)
