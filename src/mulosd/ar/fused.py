@@ -123,6 +123,7 @@ class FusedStep:
                              *(ctypes.cast(self._arrays[k], ctypes.POINTER(ctypes.c_void_p))
                                for k in ("attn_norm", "mlp_norm", *MATRICES)))
         self._scratch = torch.empty(0)
+        self._constant, self._constant_value = torch.empty(0), None  # one scale per token, kept between steps
         self._cache_ptrs: tuple[int, ctypes.Array, ctypes.Array] | None = None
 
     @classmethod
@@ -176,9 +177,13 @@ class FusedStep:
         _, k, v = self._cache_ptrs
         guided = self.cfg_scale != 1.0
         logits = torch.empty(R // 2 if guided else R, n, self.vocab)
-        scale = self.cfg_scale if scale is None else scale
-        scales = (scale.float().reshape(-1) if isinstance(scale, torch.Tensor) else torch.full((1,), scale)
-                  ).expand(m // 2 if guided else 1).contiguous()  # one per conditional token
+        if isinstance(scale, torch.Tensor):  # one scale per conditional token
+            scales = scale.float().reshape(-1).contiguous()
+        else:
+            value = self.cfg_scale if scale is None else float(scale)
+            if self._constant.numel() < m or self._constant_value != value:
+                self._constant, self._constant_value = torch.full((m,), value), value
+            scales = self._constant
         slots, tokens = slots.contiguous(), tokens.contiguous()
         self.lib.mulosd_step(ctypes.byref(self.struct), R, n, slots.data_ptr(), tokens.data_ptr(), k, v,
                              cache.filled.data_ptr(), scales.data_ptr(), int(guided), self._scratch.data_ptr(),
