@@ -7,6 +7,9 @@
 #   scripts/zoo_v2_downstream.sh                 # -> RUNS/{ar128_small,up2_token_ce,...,down4}/export
 #   RUNS=/path/outside/the/repo scripts/zoo_v2_downstream.sh
 #   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
+#   FIRST_SHARD=384 scripts/zoo_v2_downstream.sh # train on world-big shards already written (e.g. by zoo cycles)
+#
+# r=2 (infer.py's default) comes first, then the small drafter, then r=4.
 #
 # The recipes are the shipped ones (conf/experiment/upsampler_*.yaml, downsampler.yaml) with the world changed
 # and each stage initialised from the previous stage of this run, not from the shipped zoo.
@@ -15,7 +18,8 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_v2}
 DRY=${1:-}
-WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]" "data.synth.train_shards=192")
+WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]" "data.synth.train_shards=192"
+       "data.synth.first_shard=${FIRST_SHARD:-0}")
 
 train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has a checkpoint
   local name=$1
@@ -37,14 +41,17 @@ train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has
 }
 
 mkdir -p "$RUNS"
-# exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
-train ar128_small experiment=zoo_ar_128_small
-for r in 2 4; do
+samplers() {  # R: U_r through its three loss stages, then D_r
+  local r=$1
   train "up${r}_token_ce" experiment=upsampler_ce "r=$r"
   train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export"
   train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export"
   train "down${r}" experiment=downsampler "r=$r"
-done
+}
+samplers 2
+# exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
+train ar128_small experiment=zoo_ar_128_small
+samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory
   mkdir -p "$RUNS/zoo"
