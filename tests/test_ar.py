@@ -589,13 +589,13 @@ def test_task_export_writes_a_checkpoints_weights_as_the_fit_does(tmp_path, tmp_
     fit's own export (the EMA weights, the recipe's metadata); a missing checkpoint is one line naming the key."""
     from safetensors.torch import load_file
 
-    from mulosd.zoo import load_ar
+    from mulosd.zoo import load_ar, world_radius
 
     shards = tmp_path_factory.getbasetemp() / "ar_shards"
     common = ["experiment=zoo_ar_32", f"model.tokenizer={tiny_tokenizer}", f"data.synth.dir={shards}",
               "data.synth.train_shards=1", "data.synth.val_shards=1", "data.synth.per_shard=8", "data.batch_size=4",
               "model.transformer.dim=32", "model.transformer.layers=1", "model.transformer.heads=2",
-              "model.transformer.cond_dim=16", "logger=none", "model.ema=0.5",
+              "model.transformer.cond_dim=16", "logger=none", "model.ema=0.5", "data.synth.radius=[0.1,0.12]",
               f"data.token_cache={tmp_path_factory.getbasetemp() / 'token_cache'}"]
     fit = [sys.executable, "train.py", *common, f"hydra.run.dir={tmp_path / 'run'}", "model.train.batches=2",
            "model.train.ckpt_every=2", "model.train.val_every=2", "model.optim.warmup_batches=1"]
@@ -609,6 +609,8 @@ def test_task_export_writes_a_checkpoints_weights_as_the_fit_does(tmp_path, tmp_
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
     _, _, meta = load_ar(tmp_path / "x" / "export")
     assert meta["batches"] == 2 and "task=export" in meta["recipe"]
+    for d in ("x", "run"):  # each export says which world it draws (FD-VGG and decoding=reference render in it)
+        assert world_radius(load_ar(tmp_path / d / "export")[2]) == (0.1, 0.12)
     r = subprocess.run([*export[:-1], f"ckpt_path={tmp_path / 'nope.ckpt'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: ckpt_path: task=export needs")

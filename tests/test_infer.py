@@ -185,3 +185,26 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
     assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"linear"}
     pipe = Pipeline.from_config(compose_config("infer", [*models, "cfg_schedule=constant"]), {"mulosd"})
     assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"constant"}
+
+
+def test_reference_draws_each_prompt_in_the_verifiers_training_world(tiny_zoo, tmp_path):
+    """decoding=reference renders as the verifier's world does (its recorded object sizes); an export that
+    records no world was trained on the default one."""
+    import shutil
+
+    from mulosd.data.synthscenes import parse_caption, realise, render
+    from mulosd.data.synthscenes.vocab import RADIUS_RANGE
+    from mulosd.zoo import annotate
+
+    shutil.copytree(tiny_zoo / "ar128", tmp_path / "big")
+    annotate(tmp_path / "big", world={"radius": [0.14, 0.145]})
+    text = "a red circle"
+    for verifier, radius in (("ar128", RADIUS_RANGE), ("big", (0.14, 0.145))):
+        out = tmp_path / verifier
+        model = tmp_path / "big" if verifier == "big" else tiny_zoo / "ar128"
+        r = subprocess.run([sys.executable, "infer.py", "decoding=reference", f"prompt={text}",
+                            f"models.verifier={model}", f"out_dir={out}", f"hydra.run.dir={out / 'h'}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        want = render(realise(parse_caption(text), np.random.default_rng([0, 0]), radius), 128)
+        assert np.array_equal(np.asarray(Image.open(out / "000.png")), want), verifier

@@ -193,8 +193,12 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
 
 def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point], done: dict) -> dict:
     from .eval.real_metrics import real_metrics
+    from .zoo import read_config, world_radius
 
-    reference = reference_renders(prompts, 128, cfg.seed) if cfg.fd or cfg.metrics else None
+    reference = None
+    if cfg.fd or cfg.metrics:  # the prompts drawn in the verifier's own world
+        radius = world_radius(read_config(cfg.infer.models.verifier))
+        reference = reference_renders(prompts, 128, cfg.seed, radius=radius)
     if cfg.fd:
         from .eval.fd import frechet_distance, vgg_features
 

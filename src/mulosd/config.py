@@ -240,8 +240,8 @@ class InferModelsConfig:
     """Zoo names or exported directories; None = the shipped SynthScenes model for this r / stage."""
 
     tokenizer: str = "synthscenes_vq_f8"
-    verifier: str = "synthscenes_ar_128"
-    drafter: str | None = None  # synthscenes_ar_{128/r}
+    verifier: str = "synthscenes_ar_v2"
+    drafter: str | None = None  # the verifier itself where it draws at 128/r px (r=2), else synthscenes_ar_{128/r}
     small: str = "synthscenes_ar_128_small"  # the same-resolution drafter of sd / lantern
     up: str | None = None  # synthscenes_up{r}_{stage}
     down: str | None = None  # synthscenes_down{r}

@@ -23,6 +23,7 @@ from .config import ConfigError, validate_infer
 from .data.synthscenes import CaptionError, judge, parse_caption, realise, render
 from .pipeline import STRATEGIES, Pipeline
 from .viz import acceptance_maps, captioned_grid
+from .zoo import read_config, world_radius
 
 log = logging.getLogger(__name__)
 
@@ -199,9 +200,10 @@ def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path, run
 
 def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
     images, verdicts = [], []
+    radius = world_radius(read_config(cfg.models.verifier))  # drawn as the verifier's training world draws it
     for i, text in enumerate(texts):
         prompt = parse_caption(text)
-        image = render(realise(prompt, np.random.default_rng([cfg.seed, i])), cfg.size)
+        image = render(realise(prompt, np.random.default_rng([cfg.seed, i]), radius), cfg.size)
         verdicts.append(judge(image, prompt))
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)

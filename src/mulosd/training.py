@@ -205,7 +205,7 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         sys.exit(143)
     log.info(f"trained {module.batches_seen} batches ({dm.summary()})")
     if not cfg.trainer.fast_dev_run and trainer.is_global_zero:
-        out = module.export(run_dir / "export", recipe=_recipe())
+        out = _export(module, cfg, run_dir, _recipe())
         log.info(f"exported -> {out}")
     return module
 
@@ -228,8 +228,21 @@ def export(cfg: DictConfig, run_dir: Path) -> Path:
         raise ConfigError("ckpt_path", f"{cfg.ckpt_path} does not fit model={cfg.model.name} as configured "
                                        f"({' '.join(str(e).split())[:200]})") from None
     module.on_load_checkpoint(checkpoint)
-    out = module.export(run_dir / "export", recipe=f"{_recipe()} (batch {module.batches_seen} of the run)")
+    out = _export(module, cfg, run_dir, f"{_recipe()} (batch {module.batches_seen} of the run)")
     log.info(f"exported batch {module.batches_seen} of {cfg.ckpt_path} -> {out}")
+    return out
+
+
+def _export(module: L.LightningModule, cfg: DictConfig, run_dir: Path, recipe: str) -> Path:
+    """RUN/export, which also records the SynthScenes geometry the run trained on (what its prompts look like
+    for FD-VGG and `decoding=reference`)."""
+    from .data.synthscenes.vocab import RADIUS_RANGE
+    from .zoo import annotate
+
+    out = module.export(run_dir / "export", recipe=recipe)
+    synth = cfg.data.get("synth")
+    if synth is not None:
+        annotate(out, world={"radius": list(synth.get("radius") or RADIUS_RANGE)})
     return out
 
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_bytes
 
 from .atomic import atomic_write_bytes
+from .data.synthscenes.vocab import RADIUS_RANGE
 from .paths import ROOT, ZOO
 from .tokenizer import VQModel
 
@@ -55,8 +56,27 @@ def _write(module: torch.nn.Module, kind: str, config: dict, out_dir: Path, reci
     atomic_write_bytes(out_dir / "model.safetensors", data)
     meta = {"kind": kind, "config": config, "recipe": recipe, "git_revision": git_revision(),
             "dtype": str(dtype).removeprefix("torch."), "sha256": hashlib.sha256(data).hexdigest(), **extra}
-    atomic_write_bytes(out_dir / "config.json", (json.dumps(meta, indent=2) + "\n").encode())
+    _write_config(out_dir, meta)
     return out_dir
+
+
+def _write_config(path: Path, meta: dict) -> None:
+    atomic_write_bytes(Path(path) / "config.json", (json.dumps(meta, indent=2) + "\n").encode())
+
+
+def annotate(name_or_path: str | Path, **fields) -> dict:
+    """Add or replace top-level fields of an export's config.json (sampling picks, the world it was trained
+    on); its weights and their hash are untouched."""
+    path = resolve(name_or_path)
+    meta = read_config(path) | fields
+    _write_config(path, meta)
+    return meta
+
+
+def world_radius(meta: dict) -> tuple[float, float]:
+    """The SynthScenes geometry (object half-size range) a model was trained on, in which its prompts are
+    rendered for FD-VGG and `decoding=reference`; exports that record none were trained on the world's default."""
+    return tuple((meta.get("world") or {}).get("radius") or RADIUS_RANGE)
 
 
 def resolve(name_or_path: str | Path) -> Path:

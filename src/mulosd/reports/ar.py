@@ -1,4 +1,4 @@
-"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,...]
+"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,synthscenes_ar_v2]
 
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
 set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
@@ -18,14 +18,13 @@ from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers
 from ..ar.backbone import GUIDANCE_SCHEDULES
-from ..data.synthscenes import vocab
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding import decode_ar
 from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..tokenizer import tokens_to_images
-from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config
+from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config, world_radius
 
-MODELS = ("synthscenes_ar_32", "synthscenes_ar_64", "synthscenes_ar_128")
+MODELS = ("synthscenes_ar_32", "synthscenes_ar_v2")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
@@ -75,8 +74,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-seed", type=int, default=EVAL_SEED,
                     help="world seed of the prompt set (another seed: a second, independent set)")
     ap.add_argument("--fd", action="store_true", help="also FD-VGG against the world's renders of the prompts")
-    ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
-                    help="the world geometry of the FD references (object half-size range)")
+    ap.add_argument("--radius", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="the world geometry of the FD references (object half-size range; default: the world each "
+                         "model was trained on)")
     ap.add_argument("--cfg-scale", type=float, help="instead of each model's recorded guidance scale")
     ap.add_argument("--cfg-schedule", choices=GUIDANCE_SCHEDULES,
                     help="instead of each model's recorded guidance schedule (linear: 1 -> 2 CFG - 1 along the raster)")
@@ -98,8 +98,9 @@ def main(argv=None) -> int:
             sizes = meta.get("resolutions") or [meta["resolution"]]
             for px in sizes:
                 label = f"{name}@{px}" if len(sizes) > 1 else name
+                radius = tuple(args.radius) if args.radius else world_radius(meta)
                 rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px,
-                                       fd_radius=tuple(args.radius) if args.fd else None, sample=sample)
+                                       fd_radius=radius if args.fd else None, sample=sample)
         except (FileNotFoundError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 
 import torch
 
 from ..ar.backbone import GUIDANCE_SCHEDULES
-from ..atomic import atomic_write_bytes
 from ..eval import EVAL_SEED, prompt_set
-from ..zoo import TOKENIZER, read_config, resolve
+from ..zoo import TOKENIZER, annotate, read_config, resolve
 from .ar import evaluate
 
 
@@ -79,9 +77,8 @@ def main(argv=None) -> int:
         picks[str(px)] = best[1]
         print(f"best at {px} px: {best[1]} (GenEval {best[0]:.3f})")
     if args.write:
-        meta["sample_by_resolution"] = (meta.get("sample_by_resolution") or {}) | picks
-        meta["sample_tuned_on"] = {"prompt_seed": args.prompt_seed, "n": args.n}
-        atomic_write_bytes(path / "config.json", (json.dumps(meta, indent=2) + "\n").encode())
+        annotate(path, sample_by_resolution=(meta.get("sample_by_resolution") or {}) | picks,
+                 sample_tuned_on={"prompt_seed": args.prompt_seed, "n": args.n})
         print(f"wrote sample_by_resolution to {path / 'config.json'}")
     return 0
 

@@ -93,7 +93,7 @@ def shapes() -> dict[str, TransformerConfig]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="synthscenes_ar_128", help="a zoo name or exported AR directory")
+    ap.add_argument("--model", default="synthscenes_ar_v2", help="a zoo name or exported AR directory")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-measure", action="store_true", help="arithmetic and the machine's peaks only")
     args = ap.parse_args(argv)

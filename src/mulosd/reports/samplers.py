@@ -27,7 +27,7 @@ from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
-from ..zoo import TOKENIZER, load_sampler, load_tokenizer
+from ..zoo import TOKENIZER, load_sampler, load_tokenizer, read_config, world_radius
 
 STAGES = SAMPLER_STAGES
 SIZE = 128
@@ -115,14 +115,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
     ap.add_argument("--tokenizer", default=TOKENIZER)
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
-    ap.add_argument("--radius", type=float, nargs=2, default=vocab.RADIUS_RANGE, metavar=("LO", "HI"),
-                    help="the world's object half-size range the held-out scenes are drawn in")
+    ap.add_argument("--radius", type=float, nargs=2, metavar=("LO", "HI"),
+                    help="the world's object half-size range the held-out scenes are drawn in (default: the world "
+                         "the r=2 token-CE up-sampler was trained on)")
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be >= 1")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=tuple(args.radius))
+        first = args.dir / sampler_name(2, "token_ce")
+        radius = tuple(args.radius) if args.radius else world_radius(read_config(first) if first.is_dir() else {})
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
