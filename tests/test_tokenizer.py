@@ -146,7 +146,7 @@ def test_a_damaged_file_without_a_checksum_is_one_line_not_a_traceback(tmp_path,
 
 def test_loading_models_for_decoding_needs_neither_lightning_nor_the_loss_stack():
     code = ("import sys; from mulosd.zoo import load_ar, load_sampler, load_tokenizer; "
-            "load_tokenizer(); load_ar('synthscenes_ar_64'); load_sampler('synthscenes_up2_gan'); "
+            "load_tokenizer(); load_ar('synthscenes_ar_v2'); load_sampler('synthscenes_up2_gan'); "
             "load_sampler('synthscenes_down2'); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'lightning' or m.startswith('mulosd.l')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
