@@ -18,8 +18,9 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_v2}
 DRY=${1:-}
-WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]" "data.synth.train_shards=192"
+WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]"
        "data.synth.first_shard=${FIRST_SHARD:-0}")
+SAMPLER_SCENES="data.synth.train_shards=192"  # the small drafter keeps its recipe's 32 shards: it tokenises them all
 
 train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has a checkpoint
   local name=$1
@@ -43,10 +44,11 @@ train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has
 mkdir -p "$RUNS"
 samplers() {  # R: U_r through its three loss stages, then D_r
   local r=$1
-  train "up${r}_token_ce" experiment=upsampler_ce "r=$r"
-  train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export"
-  train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export"
-  train "down${r}" experiment=downsampler "r=$r"
+  train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES"
+  train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export" \
+    "$SAMPLER_SCENES"
+  train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export" "$SAMPLER_SCENES"
+  train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES"
 }
 samplers 2
 # exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
