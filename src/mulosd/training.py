@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from .config import ConfigError, validate_model, validate_train
-from .data.datamodule import ShardDataModule
+from .data.datamodule import ShardDataModule, synth_radius
 from .data.images import to_image
 from .paths import CONF
 from .viz import captioned_grid
@@ -236,13 +236,12 @@ def export(cfg: DictConfig, run_dir: Path) -> Path:
 def _export(module: L.LightningModule, cfg: DictConfig, run_dir: Path, recipe: str) -> Path:
     """RUN/export, which also records the SynthScenes geometry the run trained on (what its prompts look like
     for FD-VGG and `decoding=reference`)."""
-    from .data.synthscenes.vocab import RADIUS_RANGE
     from .zoo import annotate
 
     out = module.export(run_dir / "export", recipe=recipe)
     synth = cfg.data.get("synth")
     if synth is not None:
-        annotate(out, world={"radius": list(synth.get("radius") or RADIUS_RANGE)})
+        annotate(out, world={"radius": list(synth_radius(synth))})
     return out
 
 

@@ -12,6 +12,11 @@ from .synthscenes.shards import VAL_FIRST_INDEX, shard_pattern, write_split
 from .synthscenes.vocab import RADIUS_RANGE
 
 
+def synth_radius(synth) -> tuple[float, float]:
+    """The object half-size range a SynthScenes recipe draws its scenes in (the world's default unless set)."""
+    return tuple(synth.radius) if synth.get("radius") else RADIUS_RANGE
+
+
 class ShardDataModule(L.LightningDataModule):
     """Streams batches of {image [B,3,S,S], low {r: [B,3,S/r,S/r]}, caption, key, meta} in [-1, 1].
 
@@ -46,7 +51,7 @@ class ShardDataModule(L.LightningDataModule):
         if self.synth is None:
             return
         s = self.synth
-        radius = tuple(s.radius) if s.get("radius") else RADIUS_RANGE
+        radius = synth_radius(s)
         write_split(Path(s.dir), "train", s.train_shards, s.per_shard, s.size, s.seed, image_format=s.image_format,
                     radius=radius, first_shard=s.get("first_shard", 0))
         if s.val_shards:
