@@ -1,10 +1,12 @@
 """python bench.py end to end on the tiny random zoo: table, CSV, plot, last line, and resume."""
 
+import csv
 import json
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from .conftest import ROOT, cli_error, compose_config
@@ -36,6 +38,13 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
         assert f"| {method} |" in table, method
     assert (tmp_path / "results.csv").read_text().count("\n") == 10 and (tmp_path / "speedup.png").is_file()
     assert "torch " in table.splitlines()[0] and "threads" in table.splitlines()[0]  # where it ran
+    # per-prompt verdicts: each method's GenEval is the mean over categories of their pass rates
+    verdicts = json.loads((tmp_path / "verdicts.json").read_text())
+    cats = verdicts["categories"]
+    for row in csv.DictReader((tmp_path / "results.csv").open()):
+        passed = verdicts["passed"][row["method"]]
+        rates = [np.mean([p for p, c in zip(passed, cats, strict=True) if c == k]) for k in sorted(set(cats))]
+        assert len(passed) == 4 and float(row["geneval"]) == pytest.approx(np.mean(rates))
     cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     assert len(cells) == 9 * 2
     # hardware-independent counters in every cell: ar makes one token per verifier forward and image

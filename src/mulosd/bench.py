@@ -231,6 +231,9 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         rows.append(row)
     ar = rows[0]
     ar_passed = ar["passed"]
+    # per-prompt verdicts, so that runs over other prompts or methods can be paired with this one
+    (out / "verdicts.json").write_text(json.dumps({"prompts": prompts, "categories": ar["categories"],
+                                                   "passed": {r["method"]: r["passed"] for r in rows}}))
     for row in rows:
         row["speedup"] = ar["wall_s"] / row["wall_s"]
         diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
