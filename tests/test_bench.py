@@ -37,7 +37,10 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
                    "mulosd_r2_tau0_l1_round", "mulosd_r2_tau1_l1_round"):
         assert f"| {method} |" in table, method
     assert (tmp_path / "results.csv").read_text().count("\n") == 10 and (tmp_path / "speedup.png").is_file()
-    assert "torch " in table.splitlines()[0] and "threads" in table.splitlines()[0]  # where it ran
+    cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
+    (where,) = {c["hardware"] for c in cells}  # where it ran, stored with each cell and named in the table
+    assert f"timed on {where};" in table.splitlines()[0]
+    assert "torch " in table.splitlines()[0] and "threads" in table.splitlines()[0]
     # per-prompt verdicts: each method's GenEval is the mean over categories of their pass rates
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
     cats = verdicts["categories"]
@@ -45,7 +48,6 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
         passed = verdicts["passed"][row["method"]]
         rates = [np.mean([p for p, c in zip(passed, cats, strict=True) if c == k]) for k in sorted(set(cats))]
         assert len(passed) == 4 and float(row["geneval"]) == pytest.approx(np.mean(rates))
-    cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     assert len(cells) == 9 * 2
     # hardware-independent counters in every cell: ar makes one token per verifier forward and image
     ar = next(c for c in cells if c["point"] == "ar")
@@ -56,13 +58,17 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     forwards = {c["point"]: c["forwards"]["verifier"] for c in cells if c["start"] == 0}
     assert forwards["mulosd_r2_tau1_l1_zip"] < forwards["mulosd_r2_tau1_l1_round"]
     cells = (tmp_path / "cells.jsonl").read_text().splitlines()
-    # a half-finished run: drop the last three cells; the rerun computes exactly those
-    (tmp_path / "cells.jsonl").write_text("\n".join(cells[:-3]) + "\n")
+    # a half-finished run elsewhere: drop the last three cells; the rerun computes exactly those, and the table
+    # names both machines
+    elsewhere = [json.dumps(json.loads(c) | {"hardware": "another machine"}) for c in cells[:-3]]
+    (tmp_path / "cells.jsonl").write_text("\n".join(elsewhere) + "\n")
     kept = {(json.loads(c)["point"], json.loads(c)["start"]) for c in cells[:-3]}
     r = _bench(tiny_zoo, tmp_path, *variants)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     assert len(again) == 18 and {(c["point"], c["start"]) for c in again[:15]} == kept
+    header = (tmp_path / "results.md").read_text().splitlines()[0]
+    assert f"timed on {' and '.join(sorted([where, 'another machine']))};" in header, header
 
 
 @pytest.mark.parametrize("override, key", [

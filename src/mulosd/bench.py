@@ -105,6 +105,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     starts = range(0, len(prompts), cfg.batch_size)
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
     warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
+    where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
@@ -128,7 +129,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 Image.fromarray(image).save(folder / f"{start + j:04d}.png")
             cell = {"point": point.name, "start": start, "n": len(chunk), "wall_s": trace.wall_s,
                     "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts,
-                    "counters": trace.counters()}
+                    "counters": trace.counters(), "hardware": where}
             with cells_path.open("a") as f:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
@@ -204,7 +205,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
 
         reference_features = vgg_features(reference)  # once, not once per point
     rows, reported = [], set()
-    for p in points:
+    for p in tqdm(points, desc="judge" + (" + FD-VGG" if cfg.fd else ""), unit="method"):
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
@@ -238,7 +239,9 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         row["speedup"] = ar["wall_s"] / row["wall_s"]
         diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
         row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
-    _write(out, rows, cfg)
+    timed_on = sorted({c.get("hardware", "hardware not recorded") for c in done.values()
+                       if c["point"] in {p.name for p in points}})
+    _write(out, rows, cfg, " and ".join(timed_on))
     if cfg.compile and cfg.infer.backbone == "synthscenes":  # the released backbones' limits: llamagen/costmodel
         _step_table(out, rows, _verifier_shape(cfg))
     line = _last_line(rows, ar)
@@ -295,7 +298,7 @@ def hardware(icfg: DictConfig) -> str:
             f"python {platform.python_version()}")
 
 
-def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
+def _write(out: Path, rows: list[dict], cfg: DictConfig, timed_on: str) -> None:
     keys = list(rows[0])
     with (out / "results.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, keys)
@@ -303,7 +306,7 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig) -> None:
         w.writerows(rows)
     fd = "fd_vgg" in rows[0]
     lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}; "
-             f"{hardware(cfg.infer)}; speed-up = wall-clock of ar / of the method, same run", "",
+             f"timed on {timed_on}; speed-up = wall-clock of ar / of the method, same run", "",
              "| method | speed-up | sequential steps | verifier forwards | tokens per verifier forward | "
              "drafter forwards | GenEval | GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if fd else "")]
