@@ -4,12 +4,12 @@
 # samplers' report. Each training resumes from its last checkpoint
 # and is skipped once exported, so the script can be killed and rerun at any point.
 #
-#   scripts/zoo_v2_downstream.sh                 # -> RUNS/{ar128_small,up2_token_ce,...,down4}/export
+#   scripts/zoo_v2_downstream.sh                 # -> RUNS/{up2_token_ce,...,ar128_small,ar32,...,down4}/export
 #   RUNS=/path/outside/the/repo scripts/zoo_v2_downstream.sh
 #   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
 #   FIRST_SHARD=384 scripts/zoo_v2_downstream.sh # train on world-big shards already written (e.g. by zoo cycles)
 #
-# r=2 (infer.py's default) comes first, then the small drafter, then r=4.
+# r=2 (infer.py's default) comes first, then the small drafter, then r=4 (its 32 px drafter and samplers).
 #
 # The recipes are the shipped ones (conf/experiment/upsampler_*.yaml, downsampler.yaml) with the world changed
 # and each stage initialised from the previous stage of this run, not from the shipped zoo.
@@ -53,6 +53,8 @@ samplers() {  # R: U_r through its three loss stages, then D_r
 samplers 2
 # exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
 train ar128_small experiment=zoo_ar_128_small
+# r=4's 32 px drafter (the shipped recipe, its 32 shards), then U_4 / D_4
+train ar32 experiment=zoo_ar_32
 samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory

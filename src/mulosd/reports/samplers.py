@@ -85,8 +85,9 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
     return out
 
 
-def table(results: dict, n: int) -> str:
-    lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {SIZE} px (world seed {EVAL_SEED})", "",
+def table(results: dict, n: int, radius: tuple[float, float]) -> str:
+    lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {SIZE} px (world seed {EVAL_SEED}; object half-size "
+             f"{radius[0]:g}-{radius[1]:g} of the image side)", "",
              "| r | method | token acc vs VQ(high) | PSNR dB | LPIPS | judge agreement |", "|---|---|---|---|---|---|"]
     for r, rows in results.items():
         for name, m in rows.items():
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = table(results, args.n)
+    text = table(results, args.n, radius)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
