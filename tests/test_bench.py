@@ -58,10 +58,10 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     forwards = {c["point"]: c["forwards"]["verifier"] for c in cells if c["start"] == 0}
     assert forwards["mulosd_r2_tau1_l1_zip"] < forwards["mulosd_r2_tau1_l1_round"]
     cells = (tmp_path / "cells.jsonl").read_text().splitlines()
-    # a half-finished run elsewhere: drop the last three cells; the rerun computes exactly those, and the table
-    # names both machines
+    # a half-finished run elsewhere, killed while writing a cell: drop the last three cells and cut off the first
+    # of them; the rerun computes exactly those three, and the table names both machines
     elsewhere = [json.dumps(json.loads(c) | {"hardware": "another machine"}) for c in cells[:-3]]
-    (tmp_path / "cells.jsonl").write_text("\n".join(elsewhere) + "\n")
+    (tmp_path / "cells.jsonl").write_text("\n".join(elsewhere) + "\n" + cells[-3][:40])
     kept = {(json.loads(c)["point"], json.loads(c)["start"]) for c in cells[:-3]}
     r = _bench(tiny_zoo, tmp_path, *variants)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from tqdm import tqdm
 
-from .config import validate_bench, with_overrides
+from .config import ConfigError, validate_bench, with_overrides
 from .eval import geneval_score, paired_difference, prompt_set, reference_renders
 
 log = logging.getLogger(__name__)
@@ -95,8 +95,18 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     cells_path = out / "cells.jsonl"
     done = {}
     if cfg.resume and cells_path.is_file():
-        for line in cells_path.read_text().splitlines():
-            cell = json.loads(line)
+        lines = cells_path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            try:
+                cell = json.loads(line)
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise ConfigError("out_dir", f"{cells_path} line {i + 1} is not a bench cell; "
+                                                 "delete that line, or the file with resume=false") from None
+                # a run killed while writing its last cell: that cell is measured again
+                log.warning(f"{cells_path}: its last line is cut off; that cell is measured again")
+                cells_path.write_text("".join(f"{kept}\n" for kept in lines[:-1]))
+                break
             done[(cell["point"], cell["start"])] = cell
     elif cells_path.exists():
         cells_path.unlink()
