@@ -95,19 +95,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     cells_path = out / "cells.jsonl"
     done = {}
     if cfg.resume and cells_path.is_file():
-        lines = cells_path.read_text().splitlines()
-        for i, line in enumerate(lines):
-            try:
-                cell = json.loads(line)
-            except json.JSONDecodeError:
-                if i < len(lines) - 1:
-                    raise ConfigError("out_dir", f"{cells_path} line {i + 1} is not a bench cell; "
-                                                 "delete that line, or the file with resume=false") from None
-                # a run killed while writing its last cell: that cell is measured again
-                log.warning(f"{cells_path}: its last line is cut off; that cell is measured again")
-                cells_path.write_text("".join(f"{kept}\n" for kept in lines[:-1]))
-                break
-            done[(cell["point"], cell["start"])] = cell
+        done = _read_cells(cells_path)
     elif cells_path.exists():
         cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -148,6 +136,24 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
     return summarise(cfg, out, prompts, points, done)
+
+
+def _read_cells(path: Path) -> dict:
+    """A half-finished run's cells, keyed by (point, start). A cut-off last line (a run killed while writing it)
+    is dropped from the file, so that its cell is measured again; a damaged line elsewhere is an error."""
+    done, lines = {}, path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            cell = json.loads(line)
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise ConfigError("out_dir", f"{path} line {i + 1} is not a bench cell; "
+                                             "delete that line, or the file with resume=false") from None
+            log.warning(f"{path}: its last line is cut off; that cell is measured again")
+            path.write_text("".join(f"{kept}\n" for kept in lines[:-1]))
+            break
+        done[(cell["point"], cell["start"])] = cell
+    return done
 
 
 def _batch_sizes(n: int, batch: int) -> list[int]:
@@ -214,9 +220,10 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         from .eval.fd import frechet_distance, vgg_features
 
         reference_features = vgg_features(reference)  # once, not once per point
-    rows, reported = [], set()
+    rows, reported, timed_on = [], set(), set()
     for p in tqdm(points, desc="judge" + (" + FD-VGG" if cfg.fd else ""), unit="method"):
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
+        timed_on |= {c.get("hardware", "hardware not recorded") for c in cells}
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
         row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
@@ -249,9 +256,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         row["speedup"] = ar["wall_s"] / row["wall_s"]
         diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
         row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
-    timed_on = sorted({c.get("hardware", "hardware not recorded") for c in done.values()
-                       if c["point"] in {p.name for p in points}})
-    _write(out, rows, cfg, " and ".join(timed_on))
+    _write(out, rows, cfg, " and ".join(sorted(timed_on)))
     if cfg.compile and cfg.infer.backbone == "synthscenes":  # the released backbones' limits: llamagen/costmodel
         _step_table(out, rows, _verifier_shape(cfg))
     line = _last_line(rows, ar)
