@@ -202,6 +202,12 @@ class Pipeline:
         return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile,
                           cfg_schedule=schedule)
 
+    def drafter_backbone(self, cfg: DictConfig, compile: bool = False) -> ARBackbone:
+        """MuLo-SD's low-res drafter as decoding runs it: guided at `draft_cfg_scale` where set, else at its
+        recorded scale (the drafter only proposes, so it may be guided harder than the verifier samples)."""
+        scale = self.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
+        return self.backbone("drafter", scale, compile=compile)
+
     def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
         """With cfg.compile: compile every graph a decode of this batch size can meet, for the models the
         strategy runs (the bench's and compare=true's warm-up), so that no timed decode compiles."""
@@ -211,7 +217,7 @@ class Pipeline:
             self.conditioner.prepare(captions, cfg.seed, torch.arange(len(captions)))
         backbones = [self.backbone(compile=True)]
         if STRATEGIES[strategy].drafts_with == "drafter":
-            backbones.append(self.backbone("drafter", _drafter_scale(self, cfg), compile=True))
+            backbones.append(self.drafter_backbone(cfg, compile=True))
         elif STRATEGIES[strategy].drafts_with == "small":
             backbones.append(self.backbone("small", compile=True))
         for bb in backbones:
@@ -296,13 +302,8 @@ def _decode_sd(acceptance: str):
     return run
 
 
-def _drafter_scale(p: Pipeline, cfg: DictConfig) -> float | None:
-    # the drafter only proposes, so it may be guided harder than the verifier samples (docs/results.md)
-    return p.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
-
-
 def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-    drafter = p.backbone("drafter", _drafter_scale(p, cfg), compile=cfg.compile)
+    drafter = p.drafter_backbone(cfg, compile=cfg.compile)
     return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours,
                          from_config(MuLoSDConfig, cfg), **common)
 

@@ -153,7 +153,9 @@ class Redraw:
         return logp
 
 
-TALLIES = ("drafted", "accepted", "resampled", "stale_kv", "refreshed", "up_calls", "down_calls", "provisional_kv")
+TALLIES = ("drafted", "accepted", "resampled", "stale_kv", "refreshed", "up_calls", "down_calls", "provisional_kv",
+           # the critical path by phase: steps = 1 (the two prefix forwards) + the three
+           "draft_steps", "verify_steps", "resample_steps")
 
 
 @torch.no_grad()
@@ -179,7 +181,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         run.commit(block)  # 7
         if progress is not None:
             progress.update(1)
-    trace.steps = run.steps
+    trace.steps = 1 + sum(trace.counts[k] for k in ("draft_steps", "verify_steps", "resample_steps"))
     return run.high.view(run.B, run.G, run.G), trace.stop()
 
 
@@ -214,7 +216,6 @@ class _MuLoSD:
         parent = torch.arange(G * G, device=device)
         self.parent = (parent // G // self.r) * g + (parent % G) // self.r
         self.unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache
-        self.steps = 0
         self.drafted: tuple[torch.Tensor, torch.Tensor] | None = None  # (low, high) grids as drafted, for Round
 
     def blocks(self):
@@ -225,7 +226,7 @@ class _MuLoSD:
     def begin(self, captions: list[str]) -> None:
         self.next_low = self.drafter.start(captions)  # the drafter's logits for the next low-res position
         self.first_high = self.verifier.start(captions)  # the verifier's for position 0
-        self.steps = 1  # the two prefix forwards are independent: one step on the critical path
+        # the two prefix forwards are independent: one step on the critical path (decode_mulosd adds it)
 
     def draft(self, block: Block) -> None:
         """1. The drafter drafts the block's low-res rows, after writing the previous block's down-sampled
@@ -234,7 +235,7 @@ class _MuLoSD:
         if block.k > 0:
             prev = torch.arange(2 * block.lo0 - block.lo1, block.lo0, device=self.device).expand(self.B, -1)
             self.next_low = self.drafter(prev, self.low.gather(1, prev))[:, -1:]
-            self.steps += 1
+            self.trace.count("draft_steps", 1)
         window = self.g if cfg.draft == "serial" else cfg.draft_window  # a full-row window is serial drafting
 
         def draw(logits, pos):  # the drafter's own draw, on its own noise stream
@@ -244,8 +245,8 @@ class _MuLoSD:
                 self.q_mass.scatter_(1, pos, self.pool.mass(logq, x).to(self.q_mass.dtype))
             return x
 
-        self.steps += zipar_rows(self.drafter, self.low, block.k * cfg.draft_rows, cfg.draft_rows, window,
-                                 self.next_low, draw, self.trace)
+        self.trace.count("draft_steps", zipar_rows(self.drafter, self.low, block.k * cfg.draft_rows, cfg.draft_rows,
+                                                   window, self.next_low, draw, self.trace))
 
     def upsample(self, block: Block) -> torch.Tensor:
         """2. U_r up-samples the low-res prefix; it is row-causal, so only this block's rows are new."""
@@ -268,7 +269,7 @@ class _MuLoSD:
             self.trace.count("refreshed", B * n)
         positions = torch.cat([committed, torch.arange(hi0, block.hi1 - 1, device=device).expand(B, -1)], dim=1)
         out = self.verifier(positions, torch.cat([self.high.gather(1, committed), draft[:, :-1]], dim=1))
-        self.steps += 1
+        self.trace.count("verify_steps", 1)
         self.high[:, hi0:block.hi1] = draft
         if self.trace.keep_rounds:
             self.drafted = self.low.cpu().clone(), self.high.cpu().clone()
@@ -299,9 +300,10 @@ class _MuLoSD:
             self.verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
         trace.count("stale_kv", verdict.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
-        self.steps += _resample(self.verifier, self.high, schedules, block, logp, self,
-                                verdict.stale if cfg.kv_refresh == "eager" else None,
-                                Redraw(verdict.rejected, draft, self.pool, hi0) if self.sampled else None)
+        steps = _resample(self.verifier, self.high, schedules, block, logp, self,
+                          verdict.stale if cfg.kv_refresh == "eager" else None,
+                          Redraw(verdict.rejected, draft, self.pool, hi0) if self.sampled else None)
+        trace.count("resample_steps", steps)
         trace.count("drafted", self.B * block.size)
         trace.count("accepted", (~redo).sum())
         trace.count("resampled", redo.sum())

@@ -1,0 +1,298 @@
+"""python -m mulosd.reports.acceptance [--n 200] [--batch 8] [--prompt-seed 4242] [--out docs/acceptance.md]
+
+MuLo-SD's acceptance budget at r = 2 on the shipped zoo: where drafts are lost. The verifier's acceptance test
+(its warped distribution pooled over `pool_k` codebook neighbours, then `acceptance=ratio` at `tau`: accepted
+with probability min(1, mass / (tau q)), q the drafter's pooled mass of the parent low-res token; and the
+paper's `threshold`, mass >= tau) is run on a ladder of drafts of the same prompts, each rung adding one source
+of error to the one before:
+
+  own            the verifier's own `ar` samples: the ceiling that its sharpness and the test allow
+  img>U_r STAGE  its own image taken to 64 px (antialiased bicubic), VQ-encoded and up-sampled by U_r
+  img>SR         the same through the training-free pixel path (bicubic, Lanczos)
+  D>U_r STAGE    its own tokens through D_r then U_r (how a later round's drafter context is made)
+  drafter>U_r    the real drafter's 64 px drafts, drawn as decoding draws them (ZipAR window `draft_window`)
+                 and serially, through U_r
+  decoding       MuLo-SD at the shipped defaults (batch 1, as the bench times it): the share of drafts that
+                 pass the test (raw) and the share kept after local rejection grows the rejections by `radius`
+
+The rungs before `decoding` are tested teacher-forced: every position given the draft's own earlier tokens,
+which is what a block's verification forward sees inside the block. Rates are expected acceptance (the ratio
+test's probability averaged, not one draw), split by object vs background tokens (a token whose 8 x 8 patch
+of the tested image holds object pixels by the judge's saturation rule) and by row within a drafted block.
+The decoding rung also accounts every sequential step by phase (drafting, verification, resampling) and
+re-grows its raw rejections at other radii (what the same drafts would keep: a bound, not a decode).
+The last line: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from dataclasses import replace
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from skimage import color as skcolor
+from tqdm import tqdm
+
+from ..ar import ARBackbone, Warpers, warp
+from ..config import SAMPLER_STAGES, InferConfig
+from ..data.images import downsample, to_tensor
+from ..data.synthscenes.judge import OBJECT_MIN_SATURATION, OBJECT_MIN_VALUE
+from ..decoding import decode_ar, decode_zipar, from_config
+from ..decoding.acceptance import pooled_mass
+from ..decoding.islands import expand, raster_linked_islands
+from ..decoding.mulosd import MuLoSDConfig
+from ..eval import EVAL_SEED, prompt_set
+from ..pipeline import Pipeline
+from ..samplers import PixelUpsampler
+from ..tokenizer import tokens_to_images
+from ..zoo import load_sampler
+from .samplers import sampler_name
+
+TAUS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+RADII = (0, 1, 2)
+PHASES = ("draft_steps", "verify_steps", "resample_steps")
+
+
+@torch.no_grad()
+def teacher_forced(bb: ARBackbone, captions: list[str], tokens: torch.Tensor, warpers: Warpers) -> torch.Tensor:
+    """The warped distribution at every position given the tokens before it: tokens [B, N] -> logp [B, N, V]."""
+    first = bb.start(captions)
+    pos = torch.arange(tokens.shape[1] - 1, device=tokens.device).expand(len(captions), -1)
+    return warp(torch.cat([first, bb(pos, tokens[:, :-1])], 1), warpers)
+
+
+def object_tokens(images: list[np.ndarray], grid: int) -> torch.Tensor:
+    """[B, grid*grid] bool: tokens whose patch holds an object pixel (the judge's saturation and value rule)."""
+    out = []
+    for im in images:
+        hsv = skcolor.rgb2hsv(im)
+        obj = (hsv[..., 1] >= OBJECT_MIN_SATURATION) & (hsv[..., 2] >= OBJECT_MIN_VALUE)
+        p = obj.shape[0] // grid
+        out.append(torch.from_numpy(obj.reshape(grid, p, grid, p).any(axis=(1, 3)).reshape(-1)))
+    return torch.stack(out)
+
+
+class Rung:
+    """One rung of the ladder: per tested position the verifier's pooled mass, the drafter's q of its parent,
+    and whether it is an object token; rates under any test are read off these."""
+
+    def __init__(self, name: str):
+        self.name, self.mass, self.q, self.obj = name, [], [], []
+
+    def add(self, mass: torch.Tensor, q: torch.Tensor, obj: torch.Tensor) -> None:
+        self.mass.append(mass.float().cpu())
+        self.q.append(q.float().cpu())
+        self.obj.append(obj.cpu())
+
+    def done(self) -> Rung:
+        self.mass, self.q, self.obj = (torch.cat(x) for x in (self.mass, self.q, self.obj))
+        return self
+
+    def passed(self, tau: float, test: str = "ratio") -> torch.Tensor:
+        """[images, N] expected acceptance."""
+        if test == "threshold":
+            return (self.mass >= tau).float()
+        return (self.mass / (tau * self.q).clamp_min(1e-12)).clamp(max=1.0)
+
+
+def row_in_block(N: int, grid: int, block_rows: int) -> torch.Tensor:
+    return (torch.arange(N) // grid) % block_rows
+
+
+class Budget:
+    """The models and the prompts' shared results (the verifier's own samples, their images)."""
+
+    def __init__(self, cfg, prompt_seed: int, n: int, batch: int):
+        self.cfg, self.prompt_seed, self.prompts, self.batch = cfg, prompt_seed, prompt_set(n, prompt_seed), batch
+        self.pipe = Pipeline.from_config(cfg, {"mulosd"})
+        self.knobs = from_config(MuLoSDConfig, cfg)
+        p = self.pipe
+        self.G, self.g = p.verifier.cfg.grid, p.drafter.cfg.grid
+        self.r = self.G // self.g
+        parent = torch.arange(self.G * self.G)
+        self.parent = (parent // self.G // self.r) * self.g + (parent % self.G) // self.r
+        t = self.knobs.draft_temperature
+        self.draft_warpers = p.warpers if t is None else replace(p.warpers, temperature=t)
+        self.ups = {s: load_sampler(sampler_name(self.r, s), cfg.models.tokenizer)[0].up for s in SAMPLER_STAGES}
+        self.ups |= {sr: PixelUpsampler(p.tokenizer, self.r, sr).up for sr in ("bicubic", "lanczos")}
+
+    def chunks(self):
+        for i in range(0, len(self.prompts), self.batch):
+            yield self.prompts[i:i + self.batch], torch.arange(i, min(i + self.batch, len(self.prompts)))
+
+    def mass(self, captions, high: torch.Tensor) -> torch.Tensor:
+        logp = teacher_forced(self.pipe.backbone(), captions, high.flatten(1), self.pipe.warpers)
+        return pooled_mass(logp, high.flatten(1), self.pipe.neighbours, self.knobs.pool_k)
+
+    def q(self, captions, low: torch.Tensor) -> torch.Tensor:
+        """The drafter's pooled mass of each low-res token given the ones before it, at every high-res child."""
+        logq = teacher_forced(self.pipe.drafter_backbone(self.cfg), captions, low.flatten(1), self.draft_warpers)
+        return pooled_mass(logq, low.flatten(1), self.pipe.neighbours, self.knobs.pool_k)[:, self.parent]
+
+    def ladder(self) -> dict[str, Rung]:
+        p, cfg, stage = self.pipe, self.cfg, self.cfg.stage
+        names = (["own"] + [f"img>U_r {s}" for s in SAMPLER_STAGES] + ["img>bicubic", "img>lanczos"]
+                 + [f"D>U_r {s}" for s in SAMPLER_STAGES]
+                 + [f"drafter>U_r {s}" for s in SAMPLER_STAGES] + [f"serial drafter>U_r {stage}"])
+        rungs = {n: Rung(n) for n in names}
+        for captions, ids in tqdm(list(self.chunks()), desc="acceptance ladder"):
+            own, _ = decode_ar(p.backbone(), captions, seed=cfg.seed, warpers=p.warpers, image_ids=ids)
+            images = tokens_to_images(p.tokenizer, own)
+            img_low = p.tokenizer.encode(torch.stack([to_tensor(downsample(im, self.r)) for im in images]))
+            d_low = p.down(own)
+            drafts = {"": decode_zipar(p.drafter_backbone(cfg), captions, window=self.knobs.draft_window,
+                                       seed=cfg.seed, warpers=self.draft_warpers, image_ids=ids)[0],
+                      "serial ": decode_ar(p.drafter_backbone(cfg), captions, seed=cfg.seed,
+                                           warpers=self.draft_warpers, image_ids=ids)[0]}
+            tests = [("own", own, d_low)]
+            tests += [(f"img>U_r {s}", self.ups[s](img_low), img_low) for s in SAMPLER_STAGES]
+            tests += [(f"img>{sr}", self.ups[sr](img_low), img_low) for sr in ("bicubic", "lanczos")]
+            tests += [(f"D>U_r {s}", self.ups[s](d_low), d_low) for s in SAMPLER_STAGES]
+            tests += [(f"drafter>U_r {s}", self.ups[s](drafts[""]), drafts[""]) for s in SAMPLER_STAGES]
+            tests += [(f"serial drafter>U_r {stage}", self.ups[stage](drafts["serial "]), drafts["serial "])]
+            for name, high, low in tests:
+                shown = images if high is own else tokens_to_images(p.tokenizer, high)
+                rungs[name].add(self.mass(captions, high), self.q(captions, low), object_tokens(shown, self.G))
+        return {n: r.done() for n, r in rungs.items()}
+
+    def decoding(self) -> dict:
+        """MuLo-SD at the shipped defaults, batch 1: raw pass and kept per position, steps by phase, islands."""
+        p, cfg, G = self.pipe, self.cfg, self.G
+        block_rows = self.r * self.knobs.draft_rows
+        raw, kept, obj, drafted, steps, grown, islands = [], [], [], [], [], {rad: [] for rad in RADII}, []
+        for i, caption in enumerate(tqdm(self.prompts, desc="mulosd decodes")):
+            _, trace = p.decode("mulosd", cfg, [caption], torch.tensor([i]), rounds=True)
+            steps.append([1] + [trace.counts[k] for k in PHASES] + [trace.steps])
+            for rnd in trace.rounds:
+                block = rnd.drafted[0]
+                rows = int(block.sum()) // G
+                rej = rnd.rejected[0][block].view(1, rows, G)
+                raw.append(~rnd.rejected[0][block])
+                kept.append(rnd.accepted[0][block])
+                drafted.append(block.nonzero().flatten())
+                for rad in RADII:
+                    grown[rad].append(~expand(rej, rad, self.knobs.rejection).flatten())
+                shown = tokens_to_images(p.tokenizer, rnd.high_draft.view(1, G, G))
+                obj.append(object_tokens(shown, G)[0][block])
+                isl = raster_linked_islands(rnd.resampled[0][block].view(rows, G).numpy())
+                islands.append((len(isl), max((len(set(np.asarray(x) // G)) for x in isl), default=0)))
+        pos = torch.cat(drafted)
+        return {"raw": torch.cat(raw).float(), "kept": torch.cat(kept).float(), "obj": torch.cat(obj),
+                "row": row_in_block(G * G, G, block_rows)[pos], "grown": {r: torch.cat(v).float().mean().item()
+                                                                        for r, v in grown.items()},
+                "steps": np.array(steps, dtype=float), "islands": np.array(islands, dtype=float)}
+
+
+def _rate(x: torch.Tensor) -> str:
+    return f"{x.float().mean().item():.3f}" if x.numel() else "-"
+
+
+def report(budget: Budget, rungs: dict[str, Rung], dec: dict, seconds: float, command: str) -> tuple[str, str]:
+    cfg, k = budget.cfg, budget.knobs
+    G, block_rows = budget.G, budget.r * k.draft_rows
+    rows = row_in_block(G * G, G, block_rows)
+    n = len(budget.prompts)
+    head = [f"# MuLo-SD's acceptance budget (r = {budget.r}, zoo v2)", "",
+            f"Generated by `{command}` on {date.today().isoformat()} ({platform.machine()}, "
+            f"{torch.get_num_threads()} threads, {seconds / 60:.0f} min): {n} prompts of world seed "
+            f"{budget.prompt_seed}, seed {cfg.seed}, the shipped models and defaults (acceptance={k.acceptance}, "
+            f"tau={k.tau:g}, pool_k={k.pool_k}, radius={k.radius}, draft_rows={k.draft_rows}, draft={k.draft} "
+            f"window {k.draft_window}, resample={k.resample}, up-sampler stage {cfg.stage}).", "",
+            "Rates are expected acceptance per drafted high-res token (ratio test: its probability; threshold: "
+            "mass >= tau). `obj` / `bg`: tokens whose patch holds object pixels of the tested image, or not (share of "
+            "object tokens in brackets). `row i`: the token's row within a drafted block of "
+            f"{block_rows} high-res rows.", "",
+            "## The ladder at the default test", "",
+            "| rung | default | threshold | obj | bg | " + " | ".join(f"row {i}" for i in range(block_rows)) + " |",
+            "|---|---|---|---|---|" + "---|" * block_rows]
+    for name, rung in rungs.items():
+        acc = rung.passed(k.tau, k.acceptance)
+        cells = [_rate(acc), _rate(rung.passed(k.tau, "threshold")),
+                 f"{_rate(acc[rung.obj])} ({rung.obj.float().mean().item():.2f})", _rate(acc[~rung.obj])]
+        cells += [_rate(acc[:, rows == i]) for i in range(block_rows)]
+        head.append(f"| {name} | " + " | ".join(cells) + " |")
+    raw, kept, obj, row = dec["raw"], dec["kept"], dec["obj"], dec["row"]
+    for name, x in (("decoding: raw pass", raw), ("decoding: kept", kept)):
+        cells = ["", f"{_rate(x[obj])} ({obj.float().mean().item():.2f})", _rate(x[~obj])]
+        cells += [_rate(x[row == i]) for i in range(block_rows)]
+        head.append(f"| {name} | {_rate(x)} | " + " | ".join(cells) + " |")
+    head += ["", "## Over tau", "", "ratio test (the shipped `acceptance`), then the paper's threshold:", "",
+             "| rung | " + " | ".join(f"ratio {t:g}" for t in TAUS) + " | "
+             + " | ".join(f"thr {t:g}" for t in TAUS) + " |", "|---|" + "---|" * (2 * len(TAUS))]
+    for name, rung in rungs.items():
+        head.append(f"| {name} | " + " | ".join(_rate(rung.passed(t)) for t in TAUS) + " | "
+                    + " | ".join(_rate(rung.passed(t, "threshold")) for t in TAUS) + " |")
+    s, isl = dec["steps"], dec["islands"]
+    head += ["", "## The rejection stage and the critical path (decoding, batch 1)", "",
+             "Kept share if the same raw rejections were grown by another radius (a bound: a decode at that radius "
+             "resamples in other contexts): " + ", ".join(f"radius {r}: {v:.3f}" for r, v in dec["grown"].items())
+             + f". Islands per round: {isl[:, 0].mean():.1f} (mean), rows spanned by the tallest: "
+             f"{isl[:, 1].mean():.1f} of {block_rows}.", "",
+             "| | prefix | drafting | verification | resampling | total |", "|---|---|---|---|---|---|",
+             "| sequential steps, mean | " + " | ".join(f"{v:.1f}" for v in s.mean(0)) + " |",
+             "| min - max | " + " | ".join(f"{lo:.0f} - {hi:.0f}" for lo, hi in zip(s.min(0), s.max(0),
+                                                                                    strict=True)) + " |"]
+    own = rungs["own"].passed(k.tau, k.acceptance).mean().item()
+    up = {s: rungs[f"img>U_r {s}"].passed(k.tau, k.acceptance).mean().item() for s in SAMPLER_STAGES}
+    lanczos = rungs["img>lanczos"].passed(k.tau, k.acceptance).mean().item()
+    drafter = rungs[f"drafter>U_r {cfg.stage}"].passed(k.tau, k.acceptance).mean().item()
+    line = (f"acceptance: own={own:.3f} up_token_ce={up['token_ce']:.3f} up_gan={up['gan']:.3f} "
+            f"lanczos={lanczos:.3f} drafter={drafter:.3f} raw={raw.mean().item():.3f} kept={kept.mean().item():.3f}")
+    head += ["", "## Where drafts are lost (default test, shares of all drafted tokens)", "",
+             f"- the verifier's own sharpness and the test: {1 - own:.3f} (its own samples pass {own:.3f})",
+             f"- the up-sampler ({cfg.stage} stage, from its own image at 64 px): {own - up[cfg.stage]:.3f} "
+             f"(token CE {own - up['token_ce']:.3f}, Lanczos {own - lanczos:.3f})",
+             f"- the drafter (its drafts against the verifier's own image at 64 px, both through U_r): "
+             f"{up[cfg.stage] - drafter:.3f}",
+             f"- real decoding against the drafter rung (contexts: committed rows, D_r): "
+             f"{drafter - raw.mean().item():.3f}",
+             f"- the rejection stage (radius {k.radius}): {raw.mean().item() - kept.mean().item():.3f}", "",
+             "```", line, "```"]
+    return "\n".join(head) + "\n", line
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.acceptance", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--batch", type=int, default=8, help="batch of the ladder's decodes (decoding runs at 1)")
+    ap.add_argument("--prompt-seed", type=int, default=EVAL_SEED)
+    ap.add_argument("--out", type=Path, help="write the report (markdown) here")
+    ap.add_argument("overrides", nargs="*", help="infer.py settings, KEY=VALUE (default: what infer.py ships)")
+    args = ap.parse_args(argv)
+    if args.n < 1 or args.batch < 1:
+        ap.error("--n and --batch must be >= 1")
+    from ..config import ConfigError, validate_infer
+
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(InferConfig), OmegaConf.from_dotlist(args.overrides))
+        validate_infer(cfg)
+        if cfg.r != 2 or cfg.upsampler != "latent" or cfg.backbone != "synthscenes":
+            raise ConfigError("r", "the budget is defined for the shipped zoo at r=2 with the latent up-sampler")
+        start = time.perf_counter()
+        budget = Budget(cfg, args.prompt_seed, args.n, args.batch)
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rungs = budget.ladder()
+    dec = budget.decoding()
+    command = " ".join(["python -m mulosd.reports.acceptance", f"--n {args.n}", f"--prompt-seed {args.prompt_seed}",
+                        *args.overrides])
+    text, line = report(budget, rungs, dec, time.perf_counter() - start, command)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
