@@ -1,6 +1,8 @@
 """Decoding: MuLo-SD against plain AR, the draft at tau = 0, islands and expansion on hand-made masks,
 pooled acceptance by hand, batch independence and refused configurations."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -212,7 +214,7 @@ def test_pooled_acceptance_by_hand():
                                  {"draft_rows": 0}, {"pool_k": -2}, {"draft_temperature": -0.5},
                                  {"draft_temperature": float("nan")}, {"acceptance": "coin"},
                                  {"acceptance": "sampled", "relative": True},
-                                 {"acceptance": "ratio", "relative": True}])
+                                 {"acceptance": "ratio", "relative": True}, {"expanded": "keep"}])
 def test_bad_configs_are_refused(bad):
     with pytest.raises(ValueError):
         MuLoSDConfig(**bad)
@@ -436,6 +438,60 @@ def test_zipar_within_islands_advances_rows_together():
     assert torch.equal(wide, par_img)  # a full-row window waits for every earlier position: raster order
     cfg = MuLoSDConfig(tau=0.1, radius=1, resample="zipar", resample_window=1)
     batch, _ = _mulosd(cfg)
+    for i, c in enumerate(CAPTIONS):
+        alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
+        assert torch.equal(alone[0], batch[i])
+
+
+def _retests(passing: bool):
+    """The rectangle for the verification test; every re-test (a flat batch of drafts) passes, or fails."""
+    def accept(logp, draft):
+        return _reject_a_rectangle(logp, draft) if draft.dim() == 2 else torch.full_like(draft, passing, dtype=bool)
+    return accept
+
+
+def test_reverify_keeps_the_drafts_that_pass_again_and_resolves_a_run_of_them_in_one_forward():
+    """Per round the rectangle (0..1, 1..5) is rejected; radius 1 grows R_X by (0,6), (1,0), (1,6). Raster order
+    within the island (parallel): the paper resamples 12 positions after t0, one forward each. Reverify with
+    passing re-tests: (0,2)..(0,5) one by one, then one forward asks (0,6), (1,0) and (1,1) (whose unfinished
+    predecessors are drafts that may stand): both drafts stand, so (1,1) is sampled in that same forward;
+    then (1,2)..(1,5) and (1,6): 10 forwards."""
+    cfg = MuLoSDConfig(radius=1, resample="parallel", kv_refresh="none")
+    paper_img, paper = _mulosd(cfg, accept=_retests(True))
+    got, trace = _mulosd(replace(cfg, expanded="reverify"), accept=_retests(True))
+    assert paper.forwards["verifier"] == 1 + 4 * (1 + 12) and trace.forwards["verifier"] == 1 + 4 * (1 + 10)
+    assert trace.counts["accepted"] == 3 * 4 * (16 - 10) and trace.counts["resampled"] == 3 * 4 * 10
+    grown = torch.zeros(8, 8, dtype=torch.bool)
+    grown[0::2, 6] = grown[1::2, 0] = grown[1::2, 6] = True
+    for k, rnd in enumerate(trace.rounds):  # the grown positions hold their drafts and count as accepted
+        rows = slice(16 * k, 16 * k + 16)
+        assert torch.equal(got.flatten(1)[:, grown.flatten()][:, 3 * k:3 * k + 3],
+                           rnd.high_draft[:, grown.flatten()][:, 3 * k:3 * k + 3])
+        assert rnd.accepted[:, rows].sum() == 3 * 6 and not (rnd.accepted & rnd.resampled).any()
+    # the first rows' rejected positions see the same final context either way: the same tokens
+    assert torch.equal(got.view(3, 8, 8)[:, 0::2, 1:6], paper_img.view(3, 8, 8)[:, 0::2, 1:6])
+
+
+@pytest.mark.parametrize("resample", ["serial", "parallel"])
+def test_reverify_where_every_retest_fails_is_the_papers_resampling(resample):
+    """No draft stands, so no speculative answer ever counts: each grown position is sampled from p once its
+    context is final, exactly when and as the paper resamples it (serial: R_X is one island, in raster order,
+    so every slot a query sees is final in both)."""
+    cfg = MuLoSDConfig(radius=1, resample=resample, acceptance="threshold")
+    want, paper = _mulosd(cfg, accept=_retests(False))
+    got, trace = _mulosd(replace(cfg, expanded="reverify"), accept=_retests(False))
+    if resample == "serial":
+        assert torch.equal(got, want)
+    assert trace.steps == paper.steps and trace.counts["resampled"] == paper.counts["resampled"]
+
+
+@pytest.mark.parametrize("acceptance,tau", [("ratio", 2.0), ("sampled", 0.5)])  # half rejected, on these models
+def test_reverify_keeps_more_drafts_in_fewer_steps_and_an_image_is_the_same_alone_and_in_a_batch(acceptance, tau):
+    cfg = MuLoSDConfig(tau=tau, radius=1, resample="zipar", expanded="reverify", acceptance=acceptance,
+                       draft_rows=2)
+    batch, trace = _mulosd(cfg)
+    paper = _mulosd(replace(cfg, expanded="resample"))[1]
+    assert trace.counts["accepted"] > 2 * paper.counts["accepted"] and trace.steps < paper.steps
     for i, c in enumerate(CAPTIONS):
         alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
         assert torch.equal(alone[0], batch[i])

@@ -308,6 +308,7 @@ class InferConfig:
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"
+    expanded: str = "resample"  # resample | reverify: what happens to the positions the radius adds to R_X
     resample: str = "zipar"  # parallel | serial | zipar (an island's rows advance together)
     resample_window: int = 2  # ZipAR window for resample=zipar
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context until resampled

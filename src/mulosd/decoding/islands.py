@@ -106,10 +106,20 @@ class IslandSchedule:
         """t0, the first position of R_X (None when nothing is to be resampled)."""
         return self.islands[0][0] if self.islands else None
 
-    def ready(self) -> list[tuple[int, int, int]]:
-        """(position, island, index) of every position not done whose blockers all are."""
-        return [(island[i], j, i) for j, island in enumerate(self.islands) for i in range(len(island))
-                if not self.done[j][i] and all(self.done[j][k] for k in self.blockers[j][i])]
+    def ready(self, tentative: set[int] | None = None) -> list[tuple[int, int, int]]:
+        """(position, island, index) of every position not done whose blockers all are. With `tentative` (the
+        positions holding a draft that may stand), also every position whose blockers not done are all
+        tentative and ready themselves: a speculative query, whose answer holds only if they stand."""
+        out = []
+        for j, island in enumerate(self.islands):
+            live = [False] * len(island)
+            for i, u in enumerate(island):
+                if not self.done[j][i]:
+                    live[i] = all(self.done[j][k] or (live[k] and tentative is not None and island[k] in tentative)
+                                  for k in self.blockers[j][i])
+                    if live[i]:
+                        out.append((u, j, i))
+        return out
 
     def mark(self, j: int, i: int) -> None:
         self.done[j][i] = True

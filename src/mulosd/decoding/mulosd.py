@@ -11,7 +11,8 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
    drafter's pooled mass of the low-res token x~ was up-sampled from, and both redraw a rejected position
    outside B_k(x~) (acceptance.py);
 5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
-   (`rejection=raster` takes every position from t0 on);
+   (`rejection=raster` takes every position from t0 on); `expanded=reverify` keeps the drafts of the positions
+   only grown into R_X where they pass the test again in their resampled context (see `_resample`);
 6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
    step (`resample=parallel`), ZipAR within islands (`zipar`: an island's rows advance together, window
    `resample_window`), or one island after another (`serial`);
@@ -59,6 +60,9 @@ class MuLoSDConfig:
     delta: float | None = None
     radius: int = 1
     rejection: str = "local"  # local | raster
+    # what happens to the positions the radius grows R_X by (rejected drafts are always resampled): resample
+    # (the paper) | reverify: each keeps its draft where the draft passes the test again in its resampled context
+    expanded: str = "resample"
     resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
     keep_rejected: bool = False  # rejected drafts stay in the verifier's context as placeholders until resampled
     kv_refresh: str = "round"  # round | eager | none: when (if ever) accepted positions after t0 get K/V from their
@@ -74,6 +78,7 @@ class MuLoSDConfig:
     acceptance: str = "threshold"
 
     REJECTIONS: ClassVar = ("local", "raster")
+    EXPANDED: ClassVar = ("resample", "reverify")
     RESAMPLES: ClassVar = ("parallel", "serial", "zipar")
     KV_REFRESHES: ClassVar = ("eager", "round", "none")
     DRAFTS: ClassVar = ("serial", "zipar")
@@ -85,6 +90,7 @@ class MuLoSDConfig:
         check(self.delta is None or 0 <= self.delta <= 1, "delta", f"must be in [0, 1] or null, got {self.delta}")
         check(self.radius >= 0, "radius", f"must be >= 0, got {self.radius}")
         one_of(self.rejection, self.REJECTIONS, "rejection")
+        one_of(self.expanded, self.EXPANDED, "expanded")
         one_of(self.resample, self.RESAMPLES, "resample")
         one_of(self.kv_refresh, self.KV_REFRESHES, "kv_refresh")
         one_of(self.draft, self.DRAFTS, "draft")
@@ -153,7 +159,8 @@ class Redraw:
         return logp
 
 
-TALLIES = ("drafted", "accepted", "resampled", "stale_kv", "refreshed", "up_calls", "down_calls", "provisional_kv",
+TALLIES = ("drafted", "accepted", "resampled", "reverified", "stale_kv", "refreshed", "up_calls", "down_calls",
+           "provisional_kv",
            # the critical path by phase: steps = 1 (the two prefix forwards) + the three
            "draft_steps", "verify_steps", "resample_steps")
 
@@ -277,38 +284,48 @@ class _MuLoSD:
 
     def judge(self, block: Block, draft: torch.Tensor, logp: torch.Tensor) -> Verdict:
         """4-5. Pooled acceptance, then local rejection: the rejected positions grown by the radius from t0 on."""
-        cfg, pool, B, G = self.cfg, self.pool, self.B, self.G
-        if self.accept is not None:
-            accepted = self.accept(logp, draft)
-        elif self.sampled:
-            positions = torch.arange(block.hi0, block.hi1, device=self.device).expand(B, -1)
-            u = uniform(self.seed, self.ids, positions, ACCEPT)
-            q = None if self.q_mass is None else self.q_mass[:, self.parent[block.hi0:block.hi1]]
-            accepted = sampled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, u, cfg.delta, q)
-        else:
-            accepted = pooled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, cfg.delta, cfg.relative)
+        cfg, B, G = self.cfg, self.B, self.G
+        images = torch.arange(B, device=self.device)[:, None].expand(-1, block.size)
+        positions = torch.arange(block.hi0, block.hi1, device=self.device).expand(B, -1)
+        accepted = self.passes(logp, draft, images, positions)
         rows = block.size // G
         redo = expand((~accepted).view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
         t0 = first_rejected(redo.view(B, rows, G))
         stale = ~redo & (torch.arange(block.size, device=self.device)[None] > t0[:, None])
         return Verdict(accepted, redo, stale)
 
+    def passes(self, logp: torch.Tensor, draft: torch.Tensor, b: torch.Tensor, positions: torch.Tensor
+               ) -> torch.Tensor:
+        """The acceptance test of drafts at grid positions of batch rows b (each [...]) under logp [..., V]."""
+        cfg, pool = self.cfg, self.pool
+        if self.accept is not None:
+            return self.accept(logp, draft)
+        if self.sampled:
+            u = uniform(self.seed, self.ids[b].flatten(), positions.flatten(), ACCEPT).view(positions.shape)
+            q = None if self.q_mass is None else self.q_mass[b, self.parent[positions]]
+            return sampled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, u, cfg.delta, q)
+        return pooled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, cfg.delta, cfg.relative)
+
     def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, verdict: Verdict) -> None:
         """6. R_X splits into islands, resampled concurrently by the verifier (or one after another)."""
         cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, verdict.redo
-        if not cfg.keep_rejected:
-            self.verifier.forget_mask(_on_grid(redo, hi0, G * G))  # rejected drafts leave the verifier's context
+        # expanded=reverify: the grown positions keep their drafts (and K/V) in context until re-tested
+        grown = redo & verdict.accepted if cfg.expanded == "reverify" else None
+        if not cfg.keep_rejected:  # rejected drafts leave the verifier's context
+            self.verifier.forget_mask(_on_grid(redo if grown is None else redo & ~grown, hi0, G * G))
         trace.count("stale_kv", verdict.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
-        steps = _resample(self.verifier, self.high, schedules, block, logp, self,
-                          verdict.stale if cfg.kv_refresh == "eager" else None,
-                          Redraw(verdict.rejected, draft, self.pool, hi0) if self.sampled else None)
+        rejected = verdict.rejected.clone()  # grown positions whose re-test fails join it (they redraw outside B_k)
+        steps, kept = _resample(self.verifier, self.high, schedules, block, logp, self,
+                                verdict.stale if cfg.kv_refresh == "eager" else None,
+                                Redraw(rejected, draft, self.pool, hi0) if self.sampled else None, grown)
+        redo = redo & ~kept
         trace.count("resample_steps", steps)
         trace.count("drafted", self.B * block.size)
         trace.count("accepted", (~redo).sum())
         trace.count("resampled", redo.sum())
         trace.round(lambda: Round(*(_on_grid(m, hi0, G * G).cpu() for m in
-                                    (torch.ones_like(redo), verdict.accepted & ~redo, verdict.rejected, redo)),
+                                    (torch.ones_like(redo), ~redo, rejected, redo)),
                                   low_draft=self.drafted[0], high_draft=self.drafted[1]))
 
     def commit(self, block: Block) -> None:
@@ -328,11 +345,13 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSchedule], block: Block,
-              logp: torch.Tensor, run: _MuLoSD, refresh: torch.Tensor | None, redraw: Redraw | None) -> int:
+              logp: torch.Tensor, run: _MuLoSD, refresh: torch.Tensor | None, redraw: Redraw | None,
+              grown: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
     """Resample every island position of `schedules` (one per image) in place in `high`; returns the number of
-    sequential verifier forwards, and leaves in `run.unwritten`, per image, the positions sampled but not yet
-    written (the last step's samples: the next verification forward writes them). `refresh` [B, n]: the
-    accepted positions after t0 to rewrite once their context is final (kv_refresh=eager), or None.
+    sequential verifier forwards and the grown positions that kept their drafts ([B, n] over the block), and
+    leaves in `run.unwritten`, per image, the positions sampled but not yet written (the last step's samples:
+    the next verification forward writes them). `refresh` [B, n]: the accepted positions after t0 to rewrite
+    once their context is final (kv_refresh=eager), or None.
 
     Each step queries every position u the schedules have ready: one forward writes u's predecessor (whose
     output is u's distribution) and the tokens sampled in the previous step. A row start whose predecessor,
@@ -341,10 +360,20 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
     one once sampled (counted as `provisional_kv`). The first position of R_X, t0, needs no query: its context
     is committed and unchanged, so the verification forward's distribution is exact. An image with nothing to
     do in a step rewrites a position whose context is final (a no-op), so an image decodes the same alone and
-    in a batch."""
+    in a batch.
+
+    `grown` [B, n] (expanded=reverify): the positions of R_X that were only grown into it. Each keeps its draft
+    where the draft passes the acceptance test again once its context is final, and is resampled otherwise.
+    Their drafts stay in context meanwhile, so the queries run ahead of them: a position whose unfinished
+    predecessors in the schedule are all such drafts is queried in the same forward, and its answer counts
+    when every one of them stood (a run of drafts that pass resolves in one forward, as in speculative
+    decoding; one that fails makes the positions after it ask again in the next forward)."""
     B, G, hi0 = len(schedules), verifier.grid, block.hi0
+    kept = torch.zeros(B, block.size, dtype=torch.bool, device=high.device)
+    tentative = [set() if grown is None else set((hi0 + torch.nonzero(grown[b])).flatten().tolist())
+                 for b in range(B)]
     unwritten: list[set[int]] = [set() for _ in range(B)]
-    # t0 first, straight from the verification forward (islands are sorted by start)
+    # t0 first, straight from the verification forward (islands are sorted by start; t0 was rejected itself)
     firsts = [(b, s.first) for b, s in enumerate(schedules) if s.first is not None]
     _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], run, redraw)
     for b, t0 in firsts:
@@ -365,19 +394,19 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
                 w |= {p: int(high[b, p]) for p in final}
                 run.trace.count("refreshed", len(final))
                 stale[b] = stale[b][len(final):]
-            ready = schedule.ready()
+            ready = schedule.ready(tentative[b])
             for u, j, _ in ready:
-                if schedule.pending(j, u - 1):  # a row start ahead of its predecessor: a provisional slot
+                if schedule.pending(j, u - 1) and u - 1 not in tentative[b]:  # a row start ahead of its predecessor
                     latest = schedule.pending_in_row(j, (u - 1) // G)[0] - 1  # the previous row's last final token
                     w[u - 1] = int(high[b, latest])
                     run.trace.count("provisional_kv", schedule.row_size(j, u // G) - 1)  # the row's others
-                else:
+                else:  # final, or a draft that may stand: its own token
                     w.setdefault(u - 1, int(high[b, u - 1]))
             writes.append(list(w.items()))
             targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in ready])
         if not any(targets):
             run.unwritten = [sorted(w) for w in unwritten]
-            return steps
+            return steps, kept
         width = max(len(w) for w in writes)
         pos = torch.empty(B, width, dtype=torch.long, device=high.device)
         tok = torch.empty_like(pos)
@@ -389,12 +418,41 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
             pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
         out = warp(verifier(pos, tok), run.warpers)
         steps += 1
-        _sample_at(high, out, [(b, u, k) for b in range(B) for u, _, _, k in targets[b]], run, redraw)
+        stands = _retest(high, out, targets, tentative, run)
+        picks = []
         for b, schedule in enumerate(schedules):
-            unwritten[b].difference_update(p for p, _ in writes[b])
-            for u, j, i, _ in targets[b]:
-                unwritten[b].add(u)
+            finished_before = [list(flags) for flags in schedule.done]
+            stood: set[int] = set()  # decided in this step with the token that was in context
+            for u, j, i, k in targets[b]:
+                island = schedule.islands[j]
+                if not all(finished_before[j][m] or island[m] in stood for m in schedule.blockers[j][i]):
+                    continue  # asked ahead of a draft that did not stand: ask again
                 schedule.mark(j, i)
+                if (b, u) in stands:
+                    stood.add(u)
+                    kept[b, u - hi0] = True
+                else:
+                    if u in tentative[b] and redraw is not None:
+                        redraw.rejected[b, u - hi0] = True  # failed its re-test: redrawn outside its draft's pool
+                    picks.append((b, u, k))
+                tentative[b].discard(u)
+            unwritten[b].difference_update(p for p, _ in writes[b])
+        _sample_at(high, out, picks, run, redraw)
+        for b, u, _ in picks:
+            unwritten[b].add(u)
+
+
+def _retest(high: torch.Tensor, out: torch.Tensor, targets: list, tentative: list[set[int]], run: _MuLoSD
+            ) -> set[tuple[int, int]]:
+    """(image, position) of the queried drafts that pass the acceptance test under this forward's answers
+    (whether those answers count is the caller's business), in one batched test."""
+    checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in tentative[b]]
+    if not checks:
+        return set()
+    b, u, k = (torch.tensor(c, device=high.device) for c in zip(*checks, strict=True))
+    ok = run.passes(out[b, k], high[b, u], b, u).tolist()
+    run.trace.count("reverified", len(checks))
+    return {(bb, uu) for (bb, uu, _), passed in zip(checks, ok, strict=True) if passed}
 
 
 def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
