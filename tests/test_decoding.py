@@ -117,6 +117,18 @@ def test_an_image_is_the_same_alone_and_in_a_batch(tau):
     assert torch.equal(r.accepted | r.resampled, r.drafted) and not (r.accepted & r.resampled).any()
 
 
+@pytest.mark.parametrize("cfg", [MuLoSDConfig(tau=0.1), MuLoSDConfig(tau=0.1, draft_rows=2, draft="zipar"),
+                                 MuLoSDConfig(tau=1.5, resample="zipar")])
+def test_the_critical_path_is_accounted_by_phase(cfg):
+    """steps = 1 (the two prefix forwards) + drafting + verification + resampling, each phase one forward per
+    step: every drafter forward after its prefix drafts, one verification per round, the rest resample."""
+    _, trace = _mulosd(cfg)
+    c, rounds = trace.counts, 4 // cfg.draft_rows
+    assert trace.steps == 1 + c["draft_steps"] + c["verify_steps"] + c["resample_steps"]
+    assert c["draft_steps"] == trace.forwards["drafter"] - 1 and c["verify_steps"] == rounds
+    assert c["resample_steps"] == trace.forwards["verifier"] - 1 - rounds
+
+
 def test_islands_are_the_8_connected_components_of_hand_made_masks():
     mask = np.array([[1, 1, 0, 0, 0, 1],
                      [0, 0, 1, 0, 0, 0],   # (1,2) touches (0,1) diagonally: same island

@@ -325,7 +325,7 @@ class _MuLoSD:
         trace.count("accepted", (~redo).sum())
         trace.count("resampled", redo.sum())
         trace.round(lambda: Round(*(_on_grid(m, hi0, G * G).cpu() for m in
-                                    (torch.ones_like(redo), ~redo, rejected, redo)),
+                                    (torch.ones_like(redo), ~redo, verdict.rejected, redo)),
                                   low_draft=self.drafted[0], high_draft=self.drafted[1]))
 
     def commit(self, block: Block) -> None:

@@ -1,0 +1,44 @@
+"""The acceptance budget report: its rates by hand, object tokens by hand, and one run on the shipped zoo."""
+
+import numpy as np
+import pytest
+import torch
+
+from mulosd.reports.acceptance import Rung, object_tokens
+
+
+def test_rates_under_the_ratio_and_the_threshold_test_by_hand():
+    rung = Rung("x")
+    rung.add(torch.tensor([[0.6, 0.2, 0.05]]), torch.tensor([[0.5, 0.8, 1.0]]), torch.tensor([[True, False, False]]))
+    rung.done()
+    # ratio: min(1, mass / (tau q)) = min(1, 0.6 / 0.25), 0.2 / 0.4, 0.05 / 0.5
+    assert torch.allclose(rung.passed(0.5), torch.tensor([[1.0, 0.5, 0.1]]))
+    assert torch.equal(rung.passed(0.5, "threshold"), torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_object_tokens_are_the_patches_holding_saturated_pixels():
+    image = np.full((16, 16, 3), 110, dtype=np.uint8)  # grey background
+    image[9:11, 3:5] = (220, 30, 30)  # a red speck across patches (2, 0) and (2, 1) of a 4 x 4 grid
+    got = object_tokens([image], 4)[0].view(4, 4)
+    want = torch.zeros(4, 4, dtype=torch.bool)
+    want[2, 0] = want[2, 1] = True
+    assert torch.equal(got, want)
+
+
+@pytest.mark.slow
+def test_the_report_on_the_shipped_zoo(tmp_path, capsys):
+    from mulosd.reports.acceptance import main
+
+    out = tmp_path / "acceptance.md"
+    assert main(["--n", "2", "--batch", "2", "--out", str(out), "expanded=reverify"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("acceptance: own=")
+    rates = dict(kv.split("=") for kv in line.split()[1:])
+    assert set(rates) == {"own", "up_token_ce", "up_gan", "lanczos", "drafter", "raw", "kept"}
+    assert all(0 <= float(v) <= 1 for v in rates.values())
+    text = out.read_text()
+    assert "expanded=reverify" in text and text.count("| img>U_r") == 2 * 3  # the ladder, then over tau and "| decoding: kept |" in text
+    steps = next(r for r in text.splitlines() if r.startswith("| sequential steps, mean"))
+    prefix, draft, verify, resample, total = (float(c) for c in steps.split("|")[2:7])
+    assert prefix + draft + verify + resample == pytest.approx(total)
+    assert main(["--n", "2", "r=4"]) == 2  # the budget is defined at r = 2
