@@ -4,6 +4,7 @@ import sys
 import numpy as np
 from PIL import Image
 
+from mulosd.config import DECODINGS
 from mulosd.data.synthscenes import judge, parse_caption
 
 from .conftest import ROOT
@@ -66,6 +67,9 @@ def test_infer_renders_prompts_that_the_judge_accepts(tmp_path):
 def test_infer_help_lists_inference_options_only():
     out = _run("infer.py", "--help").stdout
     assert "tau:" in out and "compare_repeats:" in out and "python infer.py" in out
+    usage = out.split("Every option")[0]  # the usage lines name every decoding a user can ask for
+    for decoding in DECODINGS:
+        assert decoding in usage, decoding
     for training in ("experiment:", "trainer:", "Configuration groups", "zoo_tokenizer"):
         assert training not in out, training
 
