@@ -14,6 +14,7 @@ def test_rates_under_the_ratio_and_the_threshold_test_by_hand():
     # ratio: min(1, mass / (tau q)) = min(1, 0.6 / 0.25), 0.2 / 0.4, 0.05 / 0.5
     assert torch.allclose(rung.passed(0.5), torch.tensor([[1.0, 0.5, 0.1]]))
     assert torch.equal(rung.passed(0.5, "threshold"), torch.tensor([[1.0, 0.0, 0.0]]))
+    assert torch.allclose(rung.passed(0.5, "sampled"), torch.tensor([[1.0, 0.4, 0.1]]))  # min(1, mass / tau)
 
 
 def test_object_tokens_are_the_patches_holding_saturated_pixels():

@@ -133,7 +133,8 @@ class Verdict:
     """The verifier's judgement of a block's draft, each [B, n] bool over the block's high-res positions."""
 
     accepted: torch.Tensor  # passed the acceptance test
-    redo: torch.Tensor  # R_X: the rejected ones grown by the radius, never before t0; all of it is resampled
+    redo: torch.Tensor  # R_X: the rejected ones grown by the radius, never before t0; resampled (expanded=reverify:
+    # the grown ones only where their re-test fails)
     stale: torch.Tensor  # accepted after t0: their K/V were computed with rejected drafts in context
 
     @property
@@ -143,8 +144,8 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Redraw:
-    """Where a sampled acceptance redraws: a rejected position outside its draft's pool (positions only grown
-    into R_X draw from p)."""
+    """Where a sampled acceptance redraws: a rejected position outside its draft's pool, as is a grown one whose
+    re-test failed (expanded=reverify); positions only grown into R_X and resampled draw from p."""
 
     rejected: torch.Tensor  # [B, n] over the block starting at raster position `start`
     draft: torch.Tensor  # [B, n]
@@ -159,6 +160,19 @@ class Redraw:
         return logp
 
 
+def draft_warpers(warpers: Warpers, cfg: MuLoSDConfig) -> Warpers:
+    """How the drafter draws: the verifier's warpers at `draft_temperature` where set."""
+    t = cfg.draft_temperature
+    return warpers if t is None else replace(warpers, temperature=t)
+
+
+def parents(G: int, g: int, device=None) -> torch.Tensor:
+    """[G*G]: each high-res raster position's parent on the low-res g x g grid (U_r maps a low-res token to an
+    r x r patch)."""
+    p, r = torch.arange(G * G, device=device), G // g
+    return (p // G // r) * g + (p % G) // r
+
+
 TALLIES = ("drafted", "accepted", "resampled", "reverified", "stale_kv", "refreshed", "up_calls", "down_calls",
            "provisional_kv",
            # the critical path by phase: steps = 1 (the two prefix forwards) + the three
@@ -171,8 +185,10 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
                   warpers: Warpers | None = None, image_ids: torch.Tensor | None = None,
                   progress=None, accept: Callable | None = None, rounds: bool = False) -> tuple[torch.Tensor, Trace]:
     """-> high-res tokens [B, G, G] and the trace. `up(tokens_low [B,h,w]) -> [B,rh,rw]`, `down` the reverse.
-    `accept(logp [B,n,V], draft [B,n]) -> bool [B,n]` replaces pooled acceptance (the GPU cost model forces
-    acceptance rates with it). `rounds`: keep every round's masks and drafts in the trace (for pictures)."""
+    `accept(logp [..., V], draft [...]) -> bool [...]` replaces pooled acceptance (the GPU cost model forces
+    acceptance rates with it); it gets a block [B, n] from the verification forward and, with
+    expanded=reverify, a flat batch [m] of re-tests. `rounds`: keep every round's masks and drafts in the trace
+    (for pictures)."""
     run = _MuLoSD(verifier, drafter, up, down, len(captions), Pool(neighbours, cfg.pool_k), cfg, seed,
                   warpers or Warpers(), image_ids, accept)
     B = len(captions)
@@ -210,8 +226,7 @@ class _MuLoSD:
         self.seed, self.warpers, self.accept = seed, warpers, accept
         # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the
         # verifier samples (what that buys and costs: docs/results.md)
-        t = cfg.draft_temperature
-        self.draft_warpers = warpers if t is None else replace(warpers, temperature=t)
+        self.draft_warpers = draft_warpers(warpers, cfg)
         self.sampled = cfg.acceptance in ("sampled", "ratio") and accept is None  # a draw, not a threshold
         device = self.device = verifier.device
         self.ids = (torch.arange(B) if image_ids is None else image_ids).to(device)
@@ -219,9 +234,7 @@ class _MuLoSD:
         self.high = torch.zeros(B, G * G, dtype=torch.long, device=device)
         # acceptance=ratio: the drafter's pooled mass of each low-res token it drew
         self.q_mass = torch.ones(B, g * g, device=device) if cfg.acceptance == "ratio" else None
-        # each high-res position's parent on the low-res grid (U_r maps a low-res token to an r x r patch)
-        parent = torch.arange(G * G, device=device)
-        self.parent = (parent // G // self.r) * g + (parent % G) // self.r
+        self.parent = parents(G, g, device)
         self.unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache
         self.drafted: tuple[torch.Tensor, torch.Tensor] | None = None  # (low, high) grids as drafted, for Round
 
@@ -309,7 +322,8 @@ class _MuLoSD:
     def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, verdict: Verdict) -> None:
         """6. R_X splits into islands, resampled concurrently by the verifier (or one after another)."""
         cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, verdict.redo
-        # expanded=reverify: the grown positions keep their drafts (and K/V) in context until re-tested
+        # expanded=reverify: the grown positions keep their drafts in context until re-tested (with the K/V the
+        # verification forward wrote, see _resample)
         grown = redo & verdict.accepted if cfg.expanded == "reverify" else None
         if not cfg.keep_rejected:  # rejected drafts leave the verifier's context
             self.verifier.forget_mask(_on_grid(redo if grown is None else redo & ~grown, hi0, G * G))
@@ -367,7 +381,13 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
     Their drafts stay in context meanwhile, so the queries run ahead of them: a position whose unfinished
     predecessors in the schedule are all such drafts is queried in the same forward, and its answer counts
     when every one of them stood (a run of drafts that pass resolves in one forward, as in speculative
-    decoding; one that fails makes the positions after it ask again in the next forward)."""
+    decoding; one that fails makes the positions after it ask again in the next forward). The re-test draws
+    its uniform from the same key as the verification test, so under sampled / ratio acceptance a grown draft
+    stays with probability min(first test's, re-test's) rather than their product. A draft that stands keeps
+    the K/V of the forward that last wrote its slot: the verification forward's (rejected drafts in view) unless
+    a later query rewrote it as its predecessor; like the accepted positions after t0 it is exact again only
+    after the next round's verification forward (kv_refresh=round), not counted in `stale_kv`. `reverified`
+    counts re-tests run, including answers that did not count."""
     B, G, hi0 = len(schedules), verifier.grid, block.hi0
     kept = torch.zeros(B, block.size, dtype=torch.bool, device=high.device)
     tentative = [set() if grown is None else set((hi0 + torch.nonzero(grown[b])).flatten().tolist())

@@ -30,7 +30,6 @@ import argparse
 import platform
 import sys
 import time
-from dataclasses import replace
 from datetime import date
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from ..data.synthscenes.judge import OBJECT_MIN_SATURATION, OBJECT_MIN_VALUE
 from ..decoding import decode_ar, decode_zipar, from_config
 from ..decoding.acceptance import pooled_mass
 from ..decoding.islands import expand, raster_linked_islands
-from ..decoding.mulosd import MuLoSDConfig
+from ..decoding.mulosd import MuLoSDConfig, draft_warpers, parents
 from ..eval import EVAL_SEED, prompt_set
 from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
@@ -96,10 +95,11 @@ class Rung:
         return self
 
     def passed(self, tau: float, test: str = "ratio") -> torch.Tensor:
-        """[images, N] expected acceptance."""
+        """[images, N] expected acceptance under `test` (threshold, sampled or ratio)."""
         if test == "threshold":
             return (self.mass >= tau).float()
-        return (self.mass / (tau * self.q).clamp_min(1e-12)).clamp(max=1.0)
+        scale = tau * self.q if test == "ratio" else torch.full_like(self.q, tau)  # sampled: a drafter sure of it
+        return (self.mass / scale.clamp_min(1e-12)).clamp(max=1.0)
 
 
 def row_in_block(N: int, grid: int, block_rows: int) -> torch.Tensor:
@@ -116,10 +116,8 @@ class Budget:
         p = self.pipe
         self.G, self.g = p.verifier.cfg.grid, p.drafter.cfg.grid
         self.r = self.G // self.g
-        parent = torch.arange(self.G * self.G)
-        self.parent = (parent // self.G // self.r) * self.g + (parent % self.G) // self.r
-        t = self.knobs.draft_temperature
-        self.draft_warpers = p.warpers if t is None else replace(p.warpers, temperature=t)
+        self.parent = parents(self.G, self.g)
+        self.draft_warpers = draft_warpers(p.warpers, self.knobs)
         self.ups = {s: load_sampler(sampler_name(self.r, s), cfg.models.tokenizer)[0].up for s in SAMPLER_STAGES}
         self.ups |= {sr: PixelUpsampler(p.tokenizer, self.r, sr).up for sr in ("bicubic", "lanczos")}
 
@@ -232,9 +230,10 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, seconds: float, co
                     + " | ".join(_rate(rung.passed(t, "threshold")) for t in TAUS) + " |")
     s, isl = dec["steps"], dec["islands"]
     head += ["", "## The rejection stage and the critical path (decoding, batch 1)", "",
-             "Kept share if the same raw rejections were grown by another radius (a bound: a decode at that radius "
-             "resamples in other contexts): " + ", ".join(f"radius {r}: {v:.3f}" for r, v in dec["grown"].items())
-             + f". Islands per round: {isl[:, 0].mean():.1f} (mean), rows spanned by the tallest: "
+             "Kept share if the same raw rejections were grown by another radius under the paper's rule (a "
+             "decode at that radius resamples in other contexts; `expanded=reverify` keeps more): "
+             + ", ".join(f"radius {r}: {v:.3f}" for r, v in dec["grown"].items())
+             + f". Islands resampled per round: {isl[:, 0].mean():.1f} (mean), rows spanned by the tallest: "
              f"{isl[:, 1].mean():.1f} of {block_rows}.", "",
              "| | prefix | drafting | verification | resampling | total |", "|---|---|---|---|---|---|",
              "| sequential steps, mean | " + " | ".join(f"{v:.1f}" for v in s.mean(0)) + " |",
@@ -277,6 +276,9 @@ def main(argv=None) -> int:
         validate_infer(cfg)
         if cfg.r != 2 or cfg.upsampler != "latent" or cfg.backbone != "synthscenes":
             raise ConfigError("r", "the budget is defined for the shipped zoo at r=2 with the latent up-sampler")
+        for key in ("delta", "relative"):  # the ladder's rates read pooled mass against tau (and q) only
+            if cfg[key]:
+                raise ConfigError(key, "the budget's rates do not model it; leave it unset")
         start = time.perf_counter()
         budget = Budget(cfg, args.prompt_seed, args.n, args.batch)
     except (ConfigError, FileNotFoundError, ValueError) as e:
