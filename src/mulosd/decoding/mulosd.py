@@ -173,10 +173,10 @@ def parents(G: int, g: int, device=None) -> torch.Tensor:
     return (p // G // r) * g + (p % G) // r
 
 
+# the critical path by phase: steps = 1 (the two prefix forwards) + these
+PHASES = ("draft_steps", "verify_steps", "resample_steps")
 TALLIES = ("drafted", "accepted", "resampled", "reverified", "stale_kv", "refreshed", "up_calls", "down_calls",
-           "provisional_kv",
-           # the critical path by phase: steps = 1 (the two prefix forwards) + the three
-           "draft_steps", "verify_steps", "resample_steps")
+           "provisional_kv", *PHASES)
 
 
 @torch.no_grad()
@@ -204,7 +204,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         run.commit(block)  # 7
         if progress is not None:
             progress.update(1)
-    trace.steps = 1 + sum(trace.counts[k] for k in ("draft_steps", "verify_steps", "resample_steps"))
+    trace.steps = 1 + sum(trace.counts[k] for k in PHASES)
     return run.high.view(run.B, run.G, run.G), trace.stop()
 
 
@@ -441,13 +441,13 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
         stands = _retest(high, out, targets, tentative, run)
         picks = []
         for b, schedule in enumerate(schedules):
-            finished_before = [list(flags) for flags in schedule.done]
             stood: set[int] = set()  # decided in this step with the token that was in context
+            decided = []  # marked done after the walk: `done` stays what it was when this forward was asked
             for u, j, i, k in targets[b]:
                 island = schedule.islands[j]
-                if not all(finished_before[j][m] or island[m] in stood for m in schedule.blockers[j][i]):
+                if not all(schedule.done[j][m] or island[m] in stood for m in schedule.blockers[j][i]):
                     continue  # asked ahead of a draft that did not stand: ask again
-                schedule.mark(j, i)
+                decided.append((j, i))
                 if (b, u) in stands:
                     stood.add(u)
                     kept[b, u - hi0] = True
@@ -456,6 +456,8 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
                         redraw.rejected[b, u - hi0] = True  # failed its re-test: redrawn outside its draft's pool
                     picks.append((b, u, k))
                 tentative[b].discard(u)
+            for j, i in decided:
+                schedule.mark(j, i)
             unwritten[b].difference_update(p for p, _ in writes[b])
         _sample_at(high, out, picks, run, redraw)
         for b, u, _ in picks:

@@ -46,7 +46,7 @@ from ..data.synthscenes.judge import OBJECT_MIN_SATURATION, OBJECT_MIN_VALUE
 from ..decoding import decode_ar, decode_zipar, from_config
 from ..decoding.acceptance import pooled_mass
 from ..decoding.islands import expand, raster_linked_islands
-from ..decoding.mulosd import MuLoSDConfig, draft_warpers, parents
+from ..decoding.mulosd import PHASES, MuLoSDConfig, draft_warpers, parents
 from ..eval import EVAL_SEED, prompt_set
 from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
@@ -56,7 +56,6 @@ from .samplers import sampler_name
 
 TAUS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 RADII = (0, 1, 2)
-PHASES = ("draft_steps", "verify_steps", "resample_steps")
 
 
 @torch.no_grad()
@@ -136,10 +135,7 @@ class Budget:
 
     def ladder(self) -> dict[str, Rung]:
         p, cfg, stage = self.pipe, self.cfg, self.cfg.stage
-        names = (["own"] + [f"img>U_r {s}" for s in SAMPLER_STAGES] + ["img>bicubic", "img>lanczos"]
-                 + [f"D>U_r {s}" for s in SAMPLER_STAGES]
-                 + [f"drafter>U_r {s}" for s in SAMPLER_STAGES] + [f"serial drafter>U_r {stage}"])
-        rungs = {n: Rung(n) for n in names}
+        rungs: dict[str, Rung] = {}  # in the order the tests list them
         for captions, ids in tqdm(list(self.chunks()), desc="acceptance ladder"):
             own, _ = decode_ar(p.backbone(), captions, seed=cfg.seed, warpers=p.warpers, image_ids=ids)
             images = tokens_to_images(p.tokenizer, own)
@@ -155,9 +151,13 @@ class Budget:
             tests += [(f"D>U_r {s}", self.ups[s](d_low), d_low) for s in SAMPLER_STAGES]
             tests += [(f"drafter>U_r {s}", self.ups[s](drafts[""]), drafts[""]) for s in SAMPLER_STAGES]
             tests += [(f"serial drafter>U_r {stage}", self.ups[stage](drafts["serial "]), drafts["serial "])]
+            qs = {}  # several rungs share a low-res grid: the drafter reads each once
             for name, high, low in tests:
+                if id(low) not in qs:
+                    qs[id(low)] = self.q(captions, low)
                 shown = images if high is own else tokens_to_images(p.tokenizer, high)
-                rungs[name].add(self.mass(captions, high), self.q(captions, low), object_tokens(shown, self.G))
+                rungs.setdefault(name, Rung(name)).add(self.mass(captions, high), qs[id(low)],
+                                                       object_tokens(shown, self.G))
         return {n: r.done() for n, r in rungs.items()}
 
     def decoding(self) -> dict:
