@@ -14,7 +14,7 @@ from mulosd.data.synthscenes import (
     sample_scene,
     vocab,
 )
-from mulosd.data.synthscenes.judge import falsify, selftest
+from mulosd.data.synthscenes.judge import SCENE_PERTURBATIONS, degrade, detect, falsify, perturbed_render, selftest
 from mulosd.data.synthscenes.render import object_mask
 from mulosd.data.synthscenes.scene import Scene
 
@@ -177,6 +177,68 @@ def test_judge_reads_background_colour():
 def test_judge_fails_on_an_empty_image():
     blank = np.full((128, 128, 3), 128, np.uint8)
     assert not judge(blank, parse_caption("a circle")).ok
+
+
+def _recoloured(scene: Scene, bands: dict[str, float]) -> np.ndarray:
+    """scene's first object with bands in other colours (a generator's defect): colour -> share of the object's
+    pixels, cut by a slanted line from the right for the first colour and from the left for a second."""
+    from dataclasses import replace
+
+    image = render(scene, 128)
+    obj = scene.objects[0]
+    slant = np.arange(128)[None, :] + 0.37 * np.arange(128)[:, None]  # no two pixels of a cut tie
+    for side, (colour, share) in enumerate(bands.items()):
+        recoloured = render(replace(scene, objects=(replace(obj, colour=colour), *scene.objects[1:])), 128)
+        inside = (render(scene, 128) != recoloured).any(axis=-1)
+        t = slant[inside]
+        band = inside & ((slant > np.quantile(t, 1 - share)) if side == 0 else (slant < np.quantile(t, share)))
+        image[band] = recoloured[band]
+    return image
+
+
+@pytest.mark.parametrize("shape", ["circle", "square", "cross"])
+def test_a_two_coloured_object_is_one_object_of_its_shape_coloured_by_its_majority(shape):
+    scene = realise(parse_caption(f"a red {shape} on a fading gray background"), np.random.default_rng(3))
+    minority = _recoloured(scene, {"blue": 0.3})
+    mixed = _recoloured(scene, {"blue": 0.3, "green": 0.3})  # red 40%: no colour has most of it
+    assert [(d.shape, d.colour) for d in detect(minority)[0]] == [(shape, "red")]
+    assert [(d.shape, d.colour) for d in detect(mixed)[0]] == [(shape, None)]
+    assert judge(mixed, parse_caption(f"a {shape}")).geneval  # still one object of its shape
+    assert not judge(mixed, parse_caption(f"a red {shape}")).geneval  # but not a red one
+    assert not judge(mixed, parse_caption(f"two {vocab.SHAPE_PLURALS[shape]}")).geneval  # nor two of them
+
+
+def test_specks_and_blobs_are_no_objects_and_a_hole_makes_a_ring():
+    blank = np.full((128, 128, 3), 128, np.uint8)
+    speck = blank.copy()
+    speck[60:64, 60:64] = vocab.COLOURS["red"]  # 16 px: a generator's stray fleck, not a circle or square
+    assert detect(speck)[0] == []
+    yy, xx = np.mgrid[:128, :128]
+    lumpy = blank.copy()  # a disc with a bulge and a bite: a blob a person would not call a circle
+    blob = ((xx - 64) ** 2 + (yy - 64) ** 2 < 18**2) | ((xx - 84) ** 2 + (yy - 52) ** 2 < 9**2)
+    blob &= ~((xx - 50) ** 2 + (yy - 80) ** 2 < 9**2)
+    lumpy[blob] = vocab.COLOURS["orange"]
+    assert not any(d.shape == "circle" for d in detect(lumpy)[0])
+    thick = blank.copy()  # a thick ring: a small hole still makes it a ring
+    r2 = (xx - 64) ** 2 + (yy - 64) ** 2
+    thick[(r2 < 20**2) & (r2 >= 7**2)] = vocab.COLOURS["red"]
+    assert [d.shape for d in detect(thick)[0]] == ["ring"]
+
+
+def test_the_judge_keeps_its_verdicts_under_generated_image_defects():
+    result = selftest(48, seed=31, sizes=(128,), degradations=("speckled", *SCENE_PERTURBATIONS))
+    for kind in ("speckled", *SCENE_PERTURBATIONS):
+        assert result.agreement(128, kind) >= 0.97, (kind, result.table[(128, kind)])
+
+
+def test_the_defects_change_the_image_but_not_its_caption():
+    scene = next(s for i in range(50) if len((s := sample_scene(5, i)).objects) >= 2)
+    clean = render(scene, 128)
+    for kind in SCENE_PERTURBATIONS:
+        assert not np.array_equal(perturbed_render(scene, 128, kind, np.random.default_rng(0)), clean), kind
+    assert not np.array_equal(degrade(clean, "speckled"), clean)
+    with pytest.raises(ValueError, match="unknown perturbation"):
+        perturbed_render(scene, 128, "melted", np.random.default_rng(0))
 
 
 def test_judge_selftest_meets_the_bar_on_clean_128px():

@@ -1,0 +1,225 @@
+"""python -m mulosd.reports.judge_audit [images --out DIR] [--labels FILE] [--out docs/judge.md]
+
+The SynthScenes judge against people, on generated images. The audit set is fixed: `PER_CATEGORY` prompts of
+each GenEval category from world seed `AUDIT_SEED` (no report or training run uses it), each decoded by every
+method of `METHODS` with the shipped zoo at `seed=0`, image id = the prompt's index, as the bench decodes
+them. Each image was labelled by looking at it (what objects it shows, and whether a person would pass it
+for its prompt); `judge_audit.json` beside this module holds the labels with each image's prompt, method, id
+and a hash of its pixels, so the images are regenerated, never stored, and a label is only compared with the
+image it was given for.
+
+    images   decode the set and write it for labelling: 128 px PNGs, 4x enlargements and a manifest
+    (none)   decode the set, judge it, compare with the labels: agreement overall, per category, per method,
+             and each disagreement; the last line `judge audit: n=.. agreement=..`
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..data.synthscenes import caption_text, judge, parse_caption, sample_scene
+from ..data.synthscenes.vocab import CATEGORIES
+
+# world seed -> prompts per category: the judge's thresholds were chosen on the first set, the second is
+# held out (labelled the same way, never looked at while choosing)
+SETS = {2718: 8, 3141: 4}
+# method name -> infer.py settings (on top of what infer.py ships): `ar`, ZipAR at its weakest and its
+# equal-quality windows, and MuLo-SD's default
+METHODS = {"ar": {"decoding": "ar"}, "zipar_w1": {"decoding": "zipar", "window": 1},
+           "zipar_w3": {"decoding": "zipar", "window": 3}, "mulosd": {"decoding": "mulosd"}}
+LABELS = Path(__file__).with_name("judge_audit.json")
+
+
+@dataclass(frozen=True)
+class Item:
+    world: int  # the world seed the prompt is drawn from
+    method: str
+    index: int  # the prompt's index in the audit world: its scene seed and the image id it is decoded with
+    caption: str
+    category: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.world}_{self.method}_{self.index:03d}"
+
+
+def audit_prompts(world: int, per_category: int) -> list[tuple[int, str, str]]:
+    """(index, caption, category): `per_category` prompts per category of world `world`, interleaved."""
+    out = []
+    for i in range(per_category * len(CATEGORIES)):
+        category = CATEGORIES[i % len(CATEGORIES)]
+        out.append((i, caption_text(sample_scene(world, i, category=category).prompt), category))
+    return out
+
+
+def audit_items(sets: dict[int, int] = SETS) -> list[Item]:
+    return [Item(w, m, i, c, k) for w, n in sets.items() for m in METHODS for i, c, k in audit_prompts(w, n)]
+
+
+def pixel_hash(image: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:16]
+
+
+def decode_items(items: list[Item], batch: int = 8, progress: bool = True) -> list[np.ndarray]:
+    """The items' images, decoded as the bench decodes them (batch-independent: image id = prompt index)."""
+    import torch
+    from omegaconf import OmegaConf
+    from tqdm import tqdm
+
+    from ..config import InferConfig, validate_infer
+    from ..pipeline import Pipeline
+
+    base = OmegaConf.structured(InferConfig)
+    cfgs = {m: OmegaConf.merge(base, s) for m, s in METHODS.items()}
+    for cfg in cfgs.values():
+        validate_infer(cfg)
+    pipe = Pipeline.from_config(base, {cfg.decoding for cfg in cfgs.values()})
+    images: list[np.ndarray | None] = [None] * len(items)
+    groups = [[j for j, it in enumerate(items) if it.method == m] for m in METHODS]
+    chunks = [g[s:s + batch] for g in groups for s in range(0, len(g), batch)]
+    with tqdm(total=len(items), desc="judge audit: decoding", unit="image", disable=not progress) as bar:
+        for chunk in chunks:
+            cfg = cfgs[items[chunk[0]].method]
+            ids = torch.tensor([items[j].index for j in chunk])
+            tokens, _ = pipe.decode(cfg.decoding, cfg, [items[j].caption for j in chunk], ids)
+            for j, image in zip(chunk, pipe.images(tokens), strict=True):
+                images[j] = image
+            bar.update(len(chunk))
+    return images
+
+
+def write_images(out: Path, items: list[Item], images: list[np.ndarray], enlarge: int = 4) -> None:
+    """128 px PNGs, enlargements for looking at, and manifest.json (file -> method, index, caption, hash)."""
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = []
+    for it, image in zip(items, images, strict=True):
+        name = it.name
+        Image.fromarray(image).save(out / f"{name}.png")
+        big = Image.fromarray(image).resize((image.shape[1] * enlarge, image.shape[0] * enlarge), Image.NEAREST)
+        big.save(out / f"{name}_x{enlarge}.png")
+        manifest.append({"file": name, "world": it.world, "method": it.method, "index": it.index, "caption": it.caption,
+                         "category": it.category, "hash": pixel_hash(image)})
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def load_labels(path: Path = LABELS) -> list[dict]:
+    return json.loads(path.read_text())["labels"]
+
+
+def _rate(hits: list[bool]) -> str:
+    return f"{np.mean(hits):.3f} ({sum(hits)}/{len(hits)})" if hits else "-"
+
+
+def audit(labels: list[dict], images: list[np.ndarray]) -> dict:
+    """Judge each image and compare with its label -> rows (label + verdict + detections) and the tables."""
+    rows = []
+    for lab, image in zip(labels, images, strict=True):
+        v = judge(image, parse_caption(lab["caption"]))
+        rows.append({**lab, "judge": v.geneval, "same_image": pixel_hash(image) == lab["hash"],
+                     "detections": [f"{d.shape} {d.colour or 'two-coloured'} ({d.cx:.2f}, {d.cy:.2f}) fit {d.match:.2f}"
+                                    for d in v.detections]})
+    return {"rows": rows, "agreement": float(np.mean([r["judge"] == r["pass"] for r in rows]))}
+
+
+def report(result: dict, command: str) -> tuple[str, str]:
+    rows = result["rows"]
+    first = next(iter(SETS))
+    groups = {"all": rows, f"world {first} (thresholds chosen here)": [r for r in rows if r["world"] == first]}
+    groups |= {f"world {w} (held out)": [r for r in rows if r["world"] == w] for w in list(SETS)[1:]}
+    groups |= {"labels both labellers were sure of": [r for r in rows if r["sure"]]}
+    agree = lambda rs: [r["judge"] == r["pass"] for r in rs]  # noqa: E731
+    people = lambda rs: [r["labellers"][0] == r["labellers"][1] for r in rs]  # noqa: E731
+    lines = [f"`{command}`", "",
+             "| images | n | judge = label | judge = labeller 1 | judge = labeller 2 | labeller 1 = labeller 2 |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in groups.items():
+        lines.append(f"| {name} | {len(rs)} | {_rate(agree(rs))} | "
+                     f"{_rate([r['judge'] == r['labellers'][0] for r in rs])} | "
+                     f"{_rate([r['judge'] == r['labellers'][1] for r in rs])} | {_rate(people(rs))} |")
+    for key, values in (("category", CATEGORIES), ("method", list(METHODS))):
+        lines += ["", f"| {key} | n | judge = label | judge passes, people fail | judge fails, people pass | "
+                      "people pass |", "|---|---|---|---|---|---|"]
+        for value in values:
+            rs = [r for r in rows if r[key] == value]
+            lines.append(f"| {value} | {len(rs)} | {_rate(agree(rs))} | "
+                         f"{sum(r['judge'] and not r['pass'] for r in rs)} | "
+                         f"{sum(r['pass'] and not r['judge'] for r in rs)} | {np.mean([r['pass'] for r in rs]):.3f} |")
+    changed = [r for r in rows if not r["same_image"]]
+    if changed:
+        lines += ["", f"{len(changed)} regenerated image(s) differ from the labelled ones (the decode changed): "
+                      "their labels may not apply."]
+    lines += ["", "Disagreements (label: what the two labellers saw; judge: what it detected):", ""]
+    for r in rows:
+        if r["judge"] != r["pass"]:
+            lines.append(f"- {r['world']}_{r['method']}_{r['index']:03d} \"{r['caption']}\": people "
+                         f"{'pass' if r['pass'] else 'fail'}{'' if r['sure'] else ' (unsure)'}, judge "
+                         f"{'pass' if r['judge'] else 'fail'}. Seen: {r['seen'][0]} | judge: "
+                         f"{'; '.join(r['detections']) or 'nothing'}")
+    line = f"judge audit: n={len(rows)} agreement={result['agreement']:.3f}"
+    return "\n".join(lines) + "\n", line
+
+
+def disagreement_sheet(rows: list[dict], images: list[np.ndarray], path: Path) -> None:
+    """The images the judge and people disagree on, captioned with both verdicts."""
+    from ..viz import captioned_grid
+
+    picked = [(r, im) for r, im in zip(rows, images, strict=True) if r["judge"] != r["pass"]]
+    if not picked:
+        return
+    captions = [f"{r['caption']} | people {'pass' if r['pass'] else 'fail'}{'' if r['sure'] else '?'}, judge "
+                f"{'pass' if r['judge'] else 'fail'}" for r, _ in picked]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    captioned_grid([im for _, im in picked], captions, cols=6, tile=160).save(path)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.judge_audit", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--labels", type=Path, default=LABELS, help="the labelled set (JSON)")
+    ap.add_argument("--out", type=Path, help="write the report (markdown) here")
+    ap.add_argument("--pictures", type=Path, help="write a sheet of the disagreements (PNG) here")
+    ap.add_argument("--write-images", type=Path, metavar="DIR",
+                    help="only decode the audit set and write it for labelling (PNGs, 4x enlargements, manifest)")
+    ap.add_argument("--batch", type=int, default=8)
+    args = ap.parse_args(argv)
+    if args.batch < 1:
+        ap.error("--batch must be >= 1")
+    if args.write_images:
+        items = audit_items()
+        write_images(args.write_images, items, decode_items(items, args.batch))
+        print(f"wrote {len(items)} images and manifest.json to {args.write_images}")
+        return 0
+    try:
+        labels = load_labels(args.labels)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: cannot read labels {args.labels}: {e}", file=sys.stderr)
+        return 2
+    items = [Item(lab["world"], lab["method"], lab["index"], lab["caption"], lab["category"]) for lab in labels]
+    unknown = sorted({it.method for it in items} - set(METHODS))
+    if unknown:
+        print(f"error: labels name method(s) {unknown}; known: {', '.join(METHODS)}", file=sys.stderr)
+        return 2
+    images = decode_items(items, args.batch)
+    result = audit(labels, images)
+    command = " ".join(["python -m mulosd.reports.judge_audit", *(argv if argv is not None else sys.argv[1:])])
+    text, line = report(result, command)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    if args.pictures:
+        disagreement_sheet(result["rows"], images, args.pictures)
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
