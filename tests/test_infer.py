@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from mulosd.config import DECODINGS, validate_bench, validate_infer
-from mulosd.pipeline import STRATEGIES
+from mulosd.pipeline import STRATEGIES, Pipeline
 
 from .conftest import ROOT, assert_quiet_logs, cli_error, compose_config
 
@@ -208,3 +208,15 @@ def test_reference_draws_each_prompt_in_the_verifiers_training_world(tiny_zoo, t
         assert r.returncode == 0, r.stderr[-3000:]
         want = render(realise(parse_caption(text), np.random.default_rng([0, 0]), radius), 128)
         assert np.array_equal(np.asarray(Image.open(out / "000.png")), want), verifier
+
+
+@pytest.mark.parametrize("strategy", ["mulosd", "sd"])
+def test_asking_a_pipeline_for_a_strategy_it_did_not_load_is_a_one_line_error(tiny_zoo, strategy):
+    models = [f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tiny_zoo / 'ar128'}"]
+    cfg = compose_config("infer", models)
+    pipe = Pipeline.from_config(cfg, {"ar"})
+    with pytest.raises(ValueError, match=f"loaded without the models {strategy} drafts with") as e:
+        pipe.decode(strategy, cfg, ["a circle"], torch.arange(1))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="unknown decoding 'beam'"):
+        pipe.decode("beam", cfg, ["a circle"], torch.arange(1))

@@ -227,6 +227,13 @@ class Pipeline:
                rounds: bool = False):
         """One batch of captions -> (tokens [B, G, G], Trace); image i is decoded with image id ids[i].
         `rounds`: keep each MuLo-SD round's masks and drafts in the trace (for acceptance maps)."""
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown decoding {strategy!r}; known: {', '.join(STRATEGIES)}")
+        needs = {"drafter": (self.drafter, self.up, self.down), "small": (self.small,)}.get(
+            STRATEGIES[strategy].drafts_with, ())
+        if any(model is None for model in needs):
+            raise ValueError(f"this pipeline was loaded without the models {strategy} drafts with: load it with "
+                             f"Pipeline.from_config(cfg, {{..., {strategy!r}}})")
         if self.conditioner is not None:
             self.conditioner.prepare(captions, cfg.seed, ids)
         common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}

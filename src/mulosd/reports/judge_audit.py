@@ -31,6 +31,7 @@ from ..data.synthscenes.vocab import CATEGORIES
 # world seed -> prompts per category: the judge's thresholds were chosen on the first set, the second is
 # held out (labelled the same way, never looked at while choosing)
 SETS = {2718: 8, 3141: 4}
+BATCH = 8  # the batch the labelled images were decoded in (see decode_items)
 # method name -> infer.py settings (on top of what infer.py ships): `ar`, ZipAR at its weakest and its
 # equal-quality windows, and MuLo-SD's default
 METHODS = {"ar": {"decoding": "ar"}, "zipar_w1": {"decoding": "zipar", "window": 1},
@@ -68,8 +69,10 @@ def pixel_hash(image: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(image).tobytes()).hexdigest()[:16]
 
 
-def decode_items(items: list[Item], batch: int = 8, progress: bool = True) -> list[np.ndarray]:
-    """The items' images, decoded as the bench decodes them (batch-independent: image id = prompt index)."""
+def decode_items(items: list[Item], progress: bool = True) -> list[np.ndarray]:
+    """The items' images, decoded exactly as they were when labelled: each in its batch of BATCH consecutive
+    prompts of its world and method (image id = prompt index). The batch is part of the recipe: batched float
+    reductions round differently at other batch sizes, and a sampled token can flip."""
     import torch
     from omegaconf import OmegaConf
     from tqdm import tqdm
@@ -82,18 +85,20 @@ def decode_items(items: list[Item], batch: int = 8, progress: bool = True) -> li
     for cfg in cfgs.values():
         validate_infer(cfg)
     pipe = Pipeline.from_config(base, {cfg.decoding for cfg in cfgs.values()})
-    images: list[np.ndarray | None] = [None] * len(items)
-    groups = [[j for j, it in enumerate(items) if it.method == m] for m in METHODS]
-    chunks = [g[s:s + batch] for g in groups for s in range(0, len(g), batch)]
-    with tqdm(total=len(items), desc="judge audit: decoding", unit="image", disable=not progress) as bar:
-        for chunk in chunks:
-            cfg = cfgs[items[chunk[0]].method]
-            ids = torch.tensor([items[j].index for j in chunk])
-            tokens, _ = pipe.decode(cfg.decoding, cfg, [items[j].caption for j in chunk], ids)
-            for j, image in zip(chunk, pipe.images(tokens), strict=True):
-                images[j] = image
-            bar.update(len(chunk))
-    return images
+    batches = sorted({(it.world, it.method, it.index // BATCH) for it in items})
+    decoded = {}
+    with tqdm(total=len(batches), desc="judge audit: decoding", unit="batch", disable=not progress) as bar:
+        for world, method, b in batches:
+            prompts = audit_prompts(world, SETS.get(world, 0))[b * BATCH:(b + 1) * BATCH]
+            if not prompts:
+                raise ValueError(f"world {world} has no audit prompt {b * BATCH}")
+            cfg = cfgs[method]
+            tokens, _ = pipe.decode(cfg.decoding, cfg, [c for _, c, _ in prompts],
+                                    torch.tensor([i for i, _, _ in prompts]))
+            for (i, _, _), image in zip(prompts, pipe.images(tokens), strict=True):
+                decoded[(world, method, i)] = image
+            bar.update(1)
+    return [decoded[(it.world, it.method, it.index)] for it in items]
 
 
 def write_images(out: Path, items: list[Item], images: list[np.ndarray], enlarge: int = 4) -> None:
@@ -140,7 +145,7 @@ def report(result: dict, command: str) -> tuple[str, str]:
     lines = [f"`{command}`", "",
              "| images | n | judge = label | judge = labeller 1 | judge = labeller 2 | labeller 1 = labeller 2 |",
              "|---|---|---|---|---|---|"]
-    for name, rs in groups.items():
+    for name, rs in ((k, v) for k, v in groups.items() if v):
         lines.append(f"| {name} | {len(rs)} | {_rate(agree(rs))} | "
                      f"{_rate([r['judge'] == r['labellers'][0] for r in rs])} | "
                      f"{_rate([r['judge'] == r['labellers'][1] for r in rs])} | {_rate(people(rs))} |")
@@ -151,7 +156,8 @@ def report(result: dict, command: str) -> tuple[str, str]:
             rs = [r for r in rows if r[key] == value]
             lines.append(f"| {value} | {len(rs)} | {_rate(agree(rs))} | "
                          f"{sum(r['judge'] and not r['pass'] for r in rs)} | "
-                         f"{sum(r['pass'] and not r['judge'] for r in rs)} | {np.mean([r['pass'] for r in rs]):.3f} |")
+                         f"{sum(r['pass'] and not r['judge'] for r in rs)} | "
+                         f"{np.mean([r['pass'] for r in rs]) if rs else float('nan'):.3f} |")
     changed = [r for r in rows if not r["same_image"]]
     if changed:
         lines += ["", f"{len(changed)} regenerated image(s) differ from the labelled ones (the decode changed): "
@@ -188,13 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pictures", type=Path, help="write a sheet of the disagreements (PNG) here")
     ap.add_argument("--write-images", type=Path, metavar="DIR",
                     help="only decode the audit set and write it for labelling (PNGs, 4x enlargements, manifest)")
-    ap.add_argument("--batch", type=int, default=8)
     args = ap.parse_args(argv)
-    if args.batch < 1:
-        ap.error("--batch must be >= 1")
     if args.write_images:
         items = audit_items()
-        write_images(args.write_images, items, decode_items(items, args.batch))
+        write_images(args.write_images, items, decode_items(items))
         print(f"wrote {len(items)} images and manifest.json to {args.write_images}")
         return 0
     try:
@@ -203,11 +206,14 @@ def main(argv=None) -> int:
         print(f"error: cannot read labels {args.labels}: {e}", file=sys.stderr)
         return 2
     items = [Item(lab["world"], lab["method"], lab["index"], lab["caption"], lab["category"]) for lab in labels]
-    unknown = sorted({it.method for it in items} - set(METHODS))
-    if unknown:
-        print(f"error: labels name method(s) {unknown}; known: {', '.join(METHODS)}", file=sys.stderr)
+    known = {(it.world, it.method, it.index, it.caption) for it in audit_items()}
+    stray = [it for it in items if (it.world, it.method, it.index, it.caption) not in known]
+    if stray:
+        print(f"error: {len(stray)} label(s) are not of the audit set (first: world {stray[0].world}, method "
+              f"{stray[0].method!r}, prompt {stray[0].index}); methods: {', '.join(METHODS)}, worlds: "
+              f"{', '.join(map(str, SETS))}", file=sys.stderr)
         return 2
-    images = decode_items(items, args.batch)
+    images = decode_items(items)
     result = audit(labels, images)
     command = " ".join(["python -m mulosd.reports.judge_audit", *(argv if argv is not None else sys.argv[1:])])
     text, line = report(result, command)
