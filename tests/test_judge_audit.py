@@ -49,7 +49,7 @@ def test_the_audit_command_regenerates_the_labelled_images_and_reports_agreement
     picked = [next(lab for lab in labels if lab["method"] == m) for m in ("ar", "mulosd")]
     path = tmp_path / "labels.json"
     path.write_text(json.dumps({"labels": picked}))
-    assert main(["--labels", str(path), "--out", str(tmp_path / "audit.md"), "--batch", "2"]) == 0
+    assert main(["--labels", str(path), "--out", str(tmp_path / "audit.md")]) == 0
     out = capsys.readouterr().out
     assert re.fullmatch(r"judge audit: n=2 agreement=(0\.000|0\.500|1\.000)", out.strip().splitlines()[-1])
     assert "differ from the labelled ones" not in out  # the decode reproduced the images people looked at
