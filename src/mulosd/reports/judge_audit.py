@@ -1,17 +1,17 @@
-"""python -m mulosd.reports.judge_audit [images --out DIR] [--labels FILE] [--out docs/judge.md]
+"""python -m mulosd.reports.judge_audit [--labels FILE] [--out REPORT.md] [--pictures SHEET.png] [--write-images DIR]
 
-The SynthScenes judge against people, on generated images. The audit set is fixed: `PER_CATEGORY` prompts of
-each GenEval category from world seed `AUDIT_SEED` (no report or training run uses it), each decoded by every
-method of `METHODS` with the shipped zoo at `seed=0`, image id = the prompt's index, as the bench decodes
-them. Each image was labelled by looking at it (what objects it shows, and whether a person would pass it
-for its prompt); `judge_audit.json` beside this module holds the labels with each image's prompt, method, id
-and a hash of its pixels, so the images are regenerated, never stored, and a label is only compared with the
-image it was given for.
+The SynthScenes judge against people, on generated images. The audit set is fixed: for each world seed of
+`SETS` (no report or training run uses them), some prompts of every GenEval category, each decoded by every
+method of `METHODS` with the shipped zoo at `seed=0`, image id = the prompt's index. Each image was labelled
+by two people looking at it (what objects it shows, and whether a person would pass it for its prompt);
+`judge_audit.json` beside this module holds the labels with each image's prompt, method, id and a hash of
+its pixels, so the images are regenerated, never stored, and a label is only compared with the image it was
+given for. The judge's thresholds were chosen on the first world and are checked on the second.
 
-    images   decode the set and write it for labelling: 128 px PNGs, 4x enlargements and a manifest
-    (none)   decode the set, judge it, compare with the labels: agreement overall, per category, per method,
-             and each disagreement; the last line `judge audit: n=.. agreement=..`
-"""
+    (default)       decode the set, judge it, compare with the labels: agreement overall, per world, on sure
+                    labels, per category and per method, next to the labellers' agreement with each other,
+                    and each disagreement; the last line `judge audit: n=.. agreement=..`
+    --write-images  only decode the set and write it for labelling: 128 px PNGs, 4x enlargements, a manifest"""
 
 from __future__ import annotations
 
