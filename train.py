@@ -7,11 +7,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mulosd.config import check_group_choices, exit_on_config_error, register_configs
+from mulosd.config import check_group_choices, check_model_chosen, exit_on_config_error, register_configs
 
 register_configs()
 with exit_on_config_error():
     check_group_choices(sys.argv[1:])
+    check_model_chosen(sys.argv[1:])
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

@@ -44,7 +44,7 @@ def cli_error(script: str, overrides: list[str], run_dir: Path, capsys) -> int:
     import pytest
 
     from mulosd import bench, inference, training
-    from mulosd.config import check_group_choices, exit_on_config_error
+    from mulosd.config import check_group_choices, check_model_chosen, exit_on_config_error
 
     name, run = {"train.py": ("train", training.run), "infer.py": ("infer", inference.run),
                  "bench.py": ("bench", bench.run)}[script]
@@ -52,6 +52,8 @@ def cli_error(script: str, overrides: list[str], run_dir: Path, capsys) -> int:
     with pytest.raises(SystemExit) as e:
         with exit_on_config_error():
             check_group_choices(overrides)
+            if script == "train.py":
+                check_model_chosen(overrides)
             run(compose_config(name, overrides), run_dir)
         raise SystemExit(0)
     return e.value.code

@@ -208,6 +208,7 @@ def test_cli_typo_exits_nonzero_naming_the_key():
     ("train.py", "experiment=zoo_ar_64 model.cond_dropout=1.5", "model.cond_dropout"),
     ("infer.py", "tau=1.2", "tau"),
     ("infer.py", "resample_window=0", "resample_window"),
+    ("train.py", "model.train.batches=-1", "no model is chosen"),  # no experiment: nothing to set it on
 ])
 def test_cli_bad_values_are_one_line_errors(script, override, key, tmp_path, capsys):
     """In-process, the checks the entry points make in their order (test_cli_typo_exits_nonzero_naming_the_key

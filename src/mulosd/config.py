@@ -608,6 +608,19 @@ def check_group_choices(argv: list[str], conf_dir: Path = CONF) -> None:
                 raise ConfigError(key, f"{choice!r} is not one of {', '.join(options)} (conf/{key}/)")
 
 
+def check_model_chosen(argv: list[str], conf_dir: Path = CONF) -> None:
+    """train.py: a `model.*` or `loss.*` setting needs a model to set it on (train.yaml chooses none). Without
+    one Hydra reports a struct error and suggests `+key=`, which leads to `model.name: missing`."""
+    keys = [a.lstrip("+~").partition("=")[0] for a in argv if "=" in a]
+    if any(k in ("experiment", "model") for k in keys):
+        return
+    loose = [k for k in keys if k.split(".")[0] in ("model", "loss") and "." in k]
+    if loose:
+        experiments = ", ".join(sorted(p.stem for p in (conf_dir / "experiment").glob("*.yaml")))
+        raise ConfigError(loose[0], f"no model is chosen to set it on: add experiment=NAME ({experiments}) or "
+                                    "model=ar|sampler|tokenizer")
+
+
 @contextlib.contextmanager
 def exit_on_config_error():
     """Turn a ConfigError into one line on stderr and exit status 2, instead of a traceback."""
