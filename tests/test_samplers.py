@@ -137,6 +137,8 @@ def test_gan_warmup_counts_batches(tmp_path, tmp_path_factory, tiny_tokenizer):
     last = _state(tmp_path / "a" / "checkpoints" / "last.ckpt")
     assert last["mulosd"]["batches_seen"] == 8
     assert last["global_step"] == 16  # Lightning's counter: two optimizer steps per batch; the warm-up is not it
+    # the checkpoint files count batches, not Lightning's optimizer steps
+    assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("*.ckpt")) == ["batch8.ckpt", "last.ckpt"]
 
 
 def test_rerunning_into_a_used_directory_is_refused(tmp_path, tmp_path_factory, tiny_tokenizer):

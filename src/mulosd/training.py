@@ -149,10 +149,23 @@ class _BatchProgressBar(TQDMProgressBar):
         bar.set_description(f"Epoch {trainer.current_epoch}")
 
 
+def _batch_checkpoint(per_batch: int, **kw):
+    """Lightning's ModelCheckpoint, its files named by training batches (`batch{batch}`): Lightning counts
+    optimizer steps, two per batch for a GAN, so a 100-batch run's checkpoint would say step200."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class BatchCheckpoint(ModelCheckpoint):
+        def format_checkpoint_name(self, metrics, *args, **kwargs):
+            metrics = {**metrics, "batch": metrics.get("step", 0) // per_batch}
+            return super().format_checkpoint_name(metrics, *args, **kwargs)
+
+    return BatchCheckpoint(**kw)
+
+
 def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
     """Train cfg.model; checkpoints every `model.train.ckpt_every` batches under RUN/checkpoints (last.ckpt
     to resume with ckpt_path=...), then export the weights to RUN/export (safetensors + config.json)."""
-    from lightning.pytorch.callbacks import ModelCheckpoint, OnExceptionCheckpoint
+    from lightning.pytorch.callbacks import OnExceptionCheckpoint
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from .atomic import remove_stale_temporaries
@@ -177,8 +190,9 @@ def fit(cfg: DictConfig, run_dir: Path) -> L.LightningModule:
         print(f"removed {removed} temporary file(s) a killed checkpoint write left in {ckpt_dir}", file=sys.stderr)
     sched = cfg.model.train
     per_batch = module.optimizer_steps_per_batch
-    callbacks = [ModelCheckpoint(dirpath=ckpt_dir, filename="step{step}", save_last=True, save_top_k=1,
-                                 every_n_train_steps=per_batch * sched.ckpt_every, auto_insert_metric_name=False),
+    callbacks = [_batch_checkpoint(per_batch, dirpath=ckpt_dir, filename="batch{batch}", save_last=True,
+                                   save_top_k=1, every_n_train_steps=per_batch * sched.ckpt_every,
+                                   auto_insert_metric_name=False),
                  OnExceptionCheckpoint(ckpt_dir, filename="on_exception")]
     if cfg.data.log_keys:
         callbacks.append(ConsumedKeys(run_dir))
