@@ -34,7 +34,7 @@ def test_the_demo_prompts_ar_image_with_a_two_coloured_cross_among_three_is_judg
     from mulosd.config import InferConfig
     from mulosd.pipeline import Pipeline
 
-    caption = "two dotted crosses on a mottled blue background"  # what `make demo` decodes
+    caption = "two dotted crosses on a mottled blue background"  # `make demo`'s prompt before the audit
     cfg = OmegaConf.merge(OmegaConf.structured(InferConfig), {"decoding": "ar", "prompt": caption})
     pipe = Pipeline.from_config(cfg, {"ar"})
     tokens, _ = pipe.decode("ar", cfg, [caption], torch.tensor([0]))  # infer.py's image id for its one prompt

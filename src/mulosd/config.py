@@ -280,7 +280,7 @@ class InferConfig:
     # leave out of their timings
     compile: bool = False
     devices: int = 1  # > 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)
-    prompt: str | None = "two dotted crosses on a mottled blue background"
+    prompt: str | None = "a dotted cyan cross and a striped blue circle on a photographic yellow background"
     prompts: list[str] = field(default_factory=list)  # used instead of `prompt` when given
     prompt_file: str | None = None  # one caption per line; used instead of both when given
     seed: int = 0
