@@ -16,6 +16,7 @@ given for. The judge's thresholds were chosen on the first world and are checked
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import sys
@@ -52,6 +53,7 @@ class Item:
         return f"{self.world}_{self.method}_{self.index:03d}"
 
 
+@functools.cache
 def audit_prompts(world: int, per_category: int) -> list[tuple[int, str, str]]:
     """(index, caption, category): `per_category` prompts per category of world `world`, interleaved."""
     out = []

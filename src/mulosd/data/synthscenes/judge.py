@@ -277,6 +277,11 @@ def degrade(image: np.ndarray, kind: str) -> np.ndarray:
 SCENE_PERTURBATIONS = ("two_coloured", "touching")
 
 
+def _other_colour(colour: str, rng: np.random.Generator) -> str:
+    others = [c for c in vocab.COLOURS if c != colour]
+    return others[int(rng.integers(len(others)))]
+
+
 def perturbed_render(scene: Scene, size: int, kind: str, rng: np.random.Generator) -> np.ndarray:
     """`scene` drawn with a defect generated images show that leaves its caption true:
 
@@ -289,9 +294,8 @@ def perturbed_render(scene: Scene, size: int, kind: str, rng: np.random.Generato
     objects = list(scene.objects)
     if kind == "two_coloured":
         i = int(rng.integers(len(objects)))
-        other = [c for c in vocab.COLOURS if c != objects[i].colour][int(rng.integers(len(vocab.COLOURS) - 1))]
         image = render(scene, size)
-        objects[i] = replace(objects[i], colour=other)
+        objects[i] = replace(objects[i], colour=_other_colour(objects[i].colour, rng))
         recoloured = render(replace(scene, objects=tuple(objects)), size)
         inside = (image != recoloured).any(axis=-1)
         theta = rng.uniform(0, 2 * np.pi)
@@ -306,11 +310,9 @@ def perturbed_render(scene: Scene, size: int, kind: str, rng: np.random.Generato
         a, b = objects[0], objects[1]
         dx, dy = b.cx - a.cx, b.cy - a.cy
         along_x = scene.prompt.relation in ("left of", "right of") if scene.prompt.relation else abs(dx) >= abs(dy)
-        gap = (a.radius + b.radius - 0.1 * b.radius)
+        gap = a.radius + 0.9 * b.radius
         cx, cy = (a.cx + np.sign(dx) * gap, a.cy) if along_x else (a.cx, a.cy + np.sign(dy) * gap)
-        colour = b.colour
-        if colour == a.colour:
-            colour = [c for c in vocab.COLOURS if c != a.colour][int(rng.integers(len(vocab.COLOURS) - 1))]
+        colour = _other_colour(a.colour, rng) if b.colour == a.colour else b.colour
         moved = replace(b, cx=float(cx), cy=float(cy), colour=colour)
         if any(max(abs(moved.cx - o.cx), abs(moved.cy - o.cy)) < moved.radius + o.radius for o in objects[2:]):
             return render(scene, size)  # it would cover a third object: the caption might no longer hold
