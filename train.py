@@ -7,9 +7,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mulosd.config import check_group_choices, check_model_chosen, exit_on_config_error, register_configs
+from mulosd.config import check_group_choices, check_model_chosen, exit_on_config_error
+from mulosd.config.train import register
 
-register_configs()
+register()
 with exit_on_config_error():
     check_group_choices(sys.argv[1:])
     check_model_chosen(sys.argv[1:])

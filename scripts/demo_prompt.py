@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 
-from mulosd.config import register_configs, validate_infer
+from mulosd.config import register_configs
+from mulosd.config.infer import validate_infer
 from mulosd.data.synthscenes import judge, parse_caption
 from mulosd.eval import EVAL_SEED, prompt_set
 from mulosd.paths import CONF

@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 timeout 200 "$PY" -m pytest -q -m gpu tests/
-timeout 180 "$PY" -m mulosd.llamagen.costmodel --device cuda --dtype bfloat16 --out docs/gpu_cost
-timeout 150 "$PY" -m mulosd.llamagen.costmodel --size tar512 --rates 0.97 --device cuda --out docs/gpu_cost_tar512
-timeout 60 "$PY" -m mulosd.llamagen.costmodel --size tar1024 --rates '' --device cuda --out docs/gpu_cost_tar1024
+timeout 180 "$PY" -m mulosd.reports.costmodel --device cuda --dtype bfloat16 --out docs/gpu_cost
+timeout 150 "$PY" -m mulosd.reports.costmodel --size tar512 --rates 0.97 --device cuda --out docs/gpu_cost_tar512
+timeout 60 "$PY" -m mulosd.reports.costmodel --size tar1024 --rates '' --device cuda --out docs/gpu_cost_tar1024

@@ -14,7 +14,7 @@ from mulosd.ar.backbone import guidance_scale
 from mulosd.ar.noise import hash32, uniform
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
-from mulosd.decoding import decode_ar
+from mulosd.decoding.ar import decode_ar
 
 from .conftest import ROOT, assert_quiet_logs
 

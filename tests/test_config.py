@@ -12,16 +12,16 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mulosd import training
-from mulosd.config import (
+from mulosd.config import ConfigError
+from mulosd.config.infer import validate_infer
+from mulosd.config.train import (
     MODEL_SCHEMAS,
     ARModelConfig,
-    ConfigError,
     DataConfig,
     LoggerConfig,
     SamplerLossConfig,
     SamplerModelConfig,
     TokenizerModelConfig,
-    validate_infer,
     validate_train,
 )
 from mulosd.training import available_experiments, build_logger, build_trainer
@@ -250,3 +250,13 @@ def test_a_resumed_runs_progress_bar_counts_on_from_its_checkpoint():
     b = bar.train_progress_bar
     assert (b.total, b.n, b.initial, b.desc.rstrip(": ")) == (100, 40, 40, "Epoch 0")
     b.close()
+
+
+def test_the_reference_is_written_from_the_current_schemas():
+    """docs/reference.md is generated (python -m mulosd.config.reference): stale means a key, default or help
+    text changed without it."""
+    from mulosd.config.reference import OUT, render
+
+    assert OUT.read_text() == render(), "docs/reference.md is stale: python -m mulosd.config.reference"
+    for key in ("`tau`", "`sjd_window`", "`lantern_k`", "`windows`", "`model.transformer.dim`", "`threads`"):
+        assert key in render(), key

@@ -10,9 +10,12 @@ import torch
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
-from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
+from mulosd.decoding import MuLoSDConfig
 from mulosd.decoding.acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
+from mulosd.decoding.ar import decode_ar
 from mulosd.decoding.islands import IslandSchedule, expand, islands, raster_linked_islands
+from mulosd.decoding.mulosd import decode_mulosd
+from mulosd.decoding.zipar import decode_zipar
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer.neighbours import neighbour_table
 
@@ -37,6 +40,13 @@ def _backbone_models():
 
 
 MODELS = _backbone_models()
+
+
+def knobs(**settings) -> MuLoSDConfig:
+    """MuLo-SD on these tiny models, simplest first: one low-res row a round drafted serially, islands resampled in
+    parallel, the paper's threshold test over the 8-neighbour table; each test sets what it is about."""
+    return MuLoSDConfig(**{"pool_k": 8, "draft_rows": 1, "draft": "serial", "draft_window": 4,
+                           "resample": "parallel", "acceptance": "threshold"} | settings)
 CAPTIONS = [caption_text(sample_scene(0, i).prompt) for i in range(3)]
 
 
@@ -50,7 +60,7 @@ def _mulosd(cfg, captions=CAPTIONS, up=None, **kw):
 def test_everything_rejected_reproduces_plain_ar(resample, refresh):
     verifier, _, enc, *_ = MODELS
     want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
-    got, trace = _mulosd(MuLoSDConfig(tau=1.5, resample=resample, kv_refresh=refresh))
+    got, trace = _mulosd(knobs(tau=1.5, resample=resample, kv_refresh=refresh))
     assert torch.equal(got, want)
     assert trace.counts["accepted"] == 0 and trace.counts["resampled"] == 3 * 64
 
@@ -58,14 +68,14 @@ def test_everything_rejected_reproduces_plain_ar(resample, refresh):
 def test_zipar_drafting_saves_drafter_steps_and_changes_nothing_the_verifier_decides():
     verifier, _, enc, *_ = MODELS
     want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
-    serial = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_rows=2))[1]
-    got, zipar = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_rows=2, draft="zipar", draft_window=2))
+    serial = _mulosd(knobs(tau=1.5, resample="serial", draft_rows=2))[1]
+    got, zipar = _mulosd(knobs(tau=1.5, resample="serial", draft_rows=2, draft="zipar", draft_window=2))
     assert torch.equal(got, want)  # everything rejected: the verifier's tokens whatever the draft
     # 2 rounds of 2 low-res rows of 4: serial drafting 7 forwards per round, ZipAR (window 2) 5
     assert serial.forwards["drafter"] - zipar.forwards["drafter"] == 2 * 2
     assert zipar.counts["provisional_kv"] == 2 * 3  # each round's second row starts on a provisional slot
-    batch, _ = _mulosd(MuLoSDConfig(tau=0.05, draft_rows=2, draft="zipar", draft_window=2))
-    alone, _ = _mulosd(MuLoSDConfig(tau=0.05, draft_rows=2, draft="zipar", draft_window=2), captions=CAPTIONS[1:2],
+    batch, _ = _mulosd(knobs(tau=0.05, draft_rows=2, draft="zipar", draft_window=2))
+    alone, _ = _mulosd(knobs(tau=0.05, draft_rows=2, draft="zipar", draft_window=2), captions=CAPTIONS[1:2],
                        image_ids=torch.tensor([1]))
     assert torch.equal(alone[0], batch[1])
 
@@ -79,7 +89,7 @@ def test_tau_zero_returns_the_upsampled_draft():
         calls.append(out)
         return out
 
-    got, trace = _mulosd(MuLoSDConfig(tau=0.0, draft_rows=1), up=recording_up)
+    got, trace = _mulosd(knobs(tau=0.0, draft_rows=1), up=recording_up)
     # round k up-samples the low-res prefix of k+1 rows; its last 2 high-res rows are the round's draft
     draft = torch.cat([c[:, 2 * k:2 * k + 2] for k, c in enumerate(calls)], dim=1)
     assert len(calls) == 4 and torch.equal(got, draft)
@@ -97,18 +107,18 @@ def test_draft_temperature_zero_drafts_the_drafters_mode():
     _, drafter, enc, u, _, _ = MODELS
     mode, _ = decode_ar(ARBackbone(drafter, enc, 2.0), CAPTIONS, seed=5, warpers=Warpers(temperature=0))
     one_round = {"tau": 0.0, "draft_rows": 4}  # the whole low-res image in one round, every draft accepted
-    got, trace = _mulosd(MuLoSDConfig(draft_temperature=0.0, **one_round))
+    got, trace = _mulosd(knobs(draft_temperature=0.0, **one_round))
     assert torch.equal(trace.rounds[0].low_draft.view(3, 4, 4), mode) and torch.equal(got, u.up(mode))
     # the drafter's temperature only: the verifier samples as before (everything rejected -> ar's tokens)
-    sampled = _mulosd(MuLoSDConfig(**one_round))[1].rounds[0].low_draft.view(3, 4, 4)
+    sampled = _mulosd(knobs(**one_round))[1].rounds[0].low_draft.view(3, 4, 4)
     assert not torch.equal(sampled, mode)
-    cold = _mulosd(MuLoSDConfig(tau=1.5, resample="serial", draft_temperature=0.0))[0]
+    cold = _mulosd(knobs(tau=1.5, resample="serial", draft_temperature=0.0))[0]
     assert torch.equal(cold, decode_ar(ARBackbone(MODELS[0], enc, 2.0), CAPTIONS, seed=5)[0])
 
 
 @pytest.mark.parametrize("tau", [0.02, 0.1])
 def test_an_image_is_the_same_alone_and_in_a_batch(tau):
-    cfg = MuLoSDConfig(tau=tau, radius=1)
+    cfg = knobs(tau=tau, radius=1)
     batch, trace = _mulosd(cfg)
     for i, c in enumerate(CAPTIONS):
         alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
@@ -117,8 +127,8 @@ def test_an_image_is_the_same_alone_and_in_a_batch(tau):
     assert torch.equal(r.accepted | r.resampled, r.drafted) and not (r.accepted & r.resampled).any()
 
 
-@pytest.mark.parametrize("cfg", [MuLoSDConfig(tau=0.1), MuLoSDConfig(tau=0.1, draft_rows=2, draft="zipar"),
-                                 MuLoSDConfig(tau=1.5, resample="zipar")])
+@pytest.mark.parametrize("cfg", [knobs(tau=0.1), knobs(tau=0.1, draft_rows=2, draft="zipar"),
+                                 knobs(tau=1.5, resample="zipar")])
 def test_the_critical_path_is_accounted_by_phase(cfg):
     """steps = 1 (the two prefix forwards) + drafting + verification + resampling, each phase one forward per
     step: every drafter forward after its prefix drafts, one verification per round, the rest resample."""
@@ -175,7 +185,7 @@ def test_island_schedules_by_hand():
 def test_the_trace_counts_differences_and_keeps_rounds_only_when_asked():
     verifier, drafter, enc, u, d, nb = MODELS
     v, q = ARBackbone(verifier, enc, 2.0), ARBackbone(drafter, enc, 2.0)
-    cfg = MuLoSDConfig(tau=0.1)
+    cfg = knobs(tau=0.1)
     _, first = decode_mulosd(v, q, u.up, d.down, CAPTIONS, nb, cfg, seed=5)
     _, second = decode_mulosd(v, q, u.up, d.down, CAPTIONS, nb, cfg, seed=5, rounds=True)
     assert first.rounds == [] and len(second.rounds) == 4  # one per low-res row
@@ -258,7 +268,7 @@ def test_sampled_acceptance_chooses_the_drafts_pool_as_often_as_the_verifier_wou
 
 def test_sampled_acceptance_redraws_rejected_positions_outside_their_drafts_pool():
     verifier, _, enc, u, _, nb = MODELS
-    cfg = MuLoSDConfig(tau=1.0, pool_k=4, radius=1, acceptance="sampled", resample="zipar", draft_rows=2)
+    cfg = knobs(tau=1.0, pool_k=4, radius=1, acceptance="sampled", resample="zipar", draft_rows=2)
     got, trace = _mulosd(cfg)
     redrawn = 0
     for r in trace.rounds:
@@ -270,7 +280,7 @@ def test_sampled_acceptance_redraws_rejected_positions_outside_their_drafts_pool
     assert trace.counts["accepted"] > 0
     alone, _ = _mulosd(cfg, captions=CAPTIONS[2:], image_ids=torch.tensor([2]))
     assert torch.equal(alone[0], got[2])
-    assert torch.equal(_mulosd(MuLoSDConfig(tau=0.0, acceptance="sampled"))[0], _mulosd(MuLoSDConfig(tau=0.0))[0])
+    assert torch.equal(_mulosd(knobs(tau=0.0, acceptance="sampled"))[0], _mulosd(knobs(tau=0.0))[0])
 
 
 def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
@@ -278,12 +288,12 @@ def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
     more, and where q < 1 somewhere strictly more."""
     first = {}
     for mode in ("sampled", "ratio"):
-        trace = _mulosd(MuLoSDConfig(tau=1.0, pool_k=4, acceptance=mode, draft_rows=2))[1]
+        trace = _mulosd(knobs(tau=1.0, pool_k=4, acceptance=mode, draft_rows=2))[1]
         first[mode] = trace.rounds[0]
     assert torch.equal(first["sampled"].high_draft, first["ratio"].high_draft)
     assert not (first["ratio"].rejected & ~first["sampled"].rejected).any()
     assert (first["sampled"].rejected & ~first["ratio"].rejected).any()
-    cfg = MuLoSDConfig(tau=0.5, pool_k=4, acceptance="ratio", resample="zipar", draft_rows=2)
+    cfg = knobs(tau=0.5, pool_k=4, acceptance="ratio", resample="zipar", draft_rows=2)
     batch, _ = _mulosd(cfg)
     alone, _ = _mulosd(cfg, captions=CAPTIONS[1:2], image_ids=torch.tensor([1]))
     assert torch.equal(alone[0], batch[1])
@@ -291,7 +301,7 @@ def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
 
 def test_draft_rows_must_divide_the_drafter_grid():
     with pytest.raises(ValueError, match="draft_rows"):
-        _mulosd(MuLoSDConfig(draft_rows=3))
+        _mulosd(knobs(draft_rows=3))
 
 
 def _tiny_pair(vocab=6):
@@ -345,7 +355,8 @@ def _joint_chi2(tokens, verifier, enc, cap, V):
 def test_speculative_jacobi_decoding_samples_the_verifiers_distribution(window):
     """SJD is lossless: its first two tokens over 2000 images against the verifier's exact joint (a Jacobi
     draft accepted without the p / q test, or redrawn from p instead of the residual, fails this)."""
-    from mulosd.decoding import SJDConfig, decode_sjd
+    from mulosd.decoding import SJDConfig
+    from mulosd.decoding.sjd import decode_sjd
 
     verifier, _, enc = _tiny_pair()
     cap, B, V = "a red circle on a gray background", 2000, 6
@@ -356,7 +367,8 @@ def test_speculative_jacobi_decoding_samples_the_verifiers_distribution(window):
 
 
 def test_sjd_alone_and_in_a_batch_and_its_counters():
-    from mulosd.decoding import SJDConfig, decode_sjd
+    from mulosd.decoding import SJDConfig
+    from mulosd.decoding.sjd import decode_sjd
 
     verifier, _, enc, *_ = MODELS
     cfg = SJDConfig(window=4)
@@ -392,7 +404,7 @@ def test_speculative_decoding_batch_independence_and_lantern():
 
 
 def test_zipar_with_a_full_row_window_is_plain_ar_and_counts_its_forwards():
-    from mulosd.decoding import decode_zipar
+    from mulosd.decoding.zipar import decode_zipar
 
     verifier, _, enc, *_ = MODELS
     want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
@@ -438,17 +450,17 @@ def _reject_a_rectangle(logp, draft):
 
 
 def test_zipar_within_islands_advances_rows_together():
-    par_img, par = _mulosd(MuLoSDConfig(radius=0, resample="parallel"), accept=_reject_a_rectangle)
-    zip_img, zipar = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=2), accept=_reject_a_rectangle)
+    par_img, par = _mulosd(knobs(radius=0, resample="parallel"), accept=_reject_a_rectangle)
+    zip_img, zipar = _mulosd(knobs(radius=0, resample="zipar", resample_window=2), accept=_reject_a_rectangle)
     # per round: the island's 10 positions, t0 = (0,1) straight from the verification; raster: 9 queries in a
     # row; ZipAR (window 2: (1,j) waits for (0,j+1)): (0,2) | (0,3)+(1,1) | (0,4)+(1,2) | (0,5)+(1,3) | (1,4) | (1,5)
     assert par.forwards["verifier"] == 1 + 4 * (1 + 9)
     assert zipar.forwards["verifier"] == 1 + 4 * (1 + 6)
     # a first row's positions see the same context either way (what ZipAR skips lies after them): same tokens
     assert torch.equal(zip_img[:, 0::2], par_img[:, 0::2])
-    wide, _ = _mulosd(MuLoSDConfig(radius=0, resample="zipar", resample_window=8), accept=_reject_a_rectangle)
+    wide, _ = _mulosd(knobs(radius=0, resample="zipar", resample_window=8), accept=_reject_a_rectangle)
     assert torch.equal(wide, par_img)  # a full-row window waits for every earlier position: raster order
-    cfg = MuLoSDConfig(tau=0.1, radius=1, resample="zipar", resample_window=1)
+    cfg = knobs(tau=0.1, radius=1, resample="zipar", resample_window=1)
     batch, _ = _mulosd(cfg)
     for i, c in enumerate(CAPTIONS):
         alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
@@ -468,7 +480,7 @@ def test_reverify_keeps_the_drafts_that_pass_again_and_resolves_a_run_of_them_in
     passing re-tests: (0,2)..(0,5) one by one, then one forward asks (0,6), (1,0) and (1,1) (whose unfinished
     predecessors are drafts that may stand): both drafts stand, so (1,1) is sampled in that same forward;
     then (1,2)..(1,5) and (1,6): 10 forwards."""
-    cfg = MuLoSDConfig(radius=1, resample="parallel", kv_refresh="none")
+    cfg = knobs(radius=1, resample="parallel", kv_refresh="none")
     paper_img, paper = _mulosd(cfg, accept=_retests(True))
     got, trace = _mulosd(replace(cfg, expanded="reverify"), accept=_retests(True))
     assert paper.forwards["verifier"] == 1 + 4 * (1 + 12) and trace.forwards["verifier"] == 1 + 4 * (1 + 10)
@@ -489,7 +501,7 @@ def test_reverify_where_every_retest_fails_is_the_papers_resampling(resample):
     """No draft stands, so no speculative answer ever counts: each grown position is sampled from p once its
     context is final, exactly when and as the paper resamples it (R_X is one island per round here, queried in
     raster order, so every slot a query sees is final in both)."""
-    cfg = MuLoSDConfig(radius=1, resample=resample, acceptance="threshold")
+    cfg = knobs(radius=1, resample=resample, acceptance="threshold")
     want, paper = _mulosd(cfg, accept=_retests(False))
     got, trace = _mulosd(replace(cfg, expanded="reverify"), accept=_retests(False))
     assert torch.equal(got, want)
@@ -498,7 +510,7 @@ def test_reverify_where_every_retest_fails_is_the_papers_resampling(resample):
 
 @pytest.mark.parametrize("acceptance,tau", [("ratio", 2.0), ("sampled", 0.5)])  # half rejected, on these models
 def test_reverify_keeps_more_drafts_in_fewer_steps_and_an_image_is_the_same_alone_and_in_a_batch(acceptance, tau):
-    cfg = MuLoSDConfig(tau=tau, radius=1, resample="zipar", expanded="reverify", acceptance=acceptance,
+    cfg = knobs(tau=tau, radius=1, resample="zipar", expanded="reverify", acceptance=acceptance,
                        draft_rows=2)
     batch, trace = _mulosd(cfg)
     paper = _mulosd(replace(cfg, expanded="resample"))[1]
@@ -514,7 +526,7 @@ def test_zipar_within_one_whole_image_island_is_zipar(window):
     decode_zipar token for token, row starts through the same provisional slots."""
     verifier, _, enc, *_ = MODELS
     want, zipar = decode_zipar(ARBackbone(verifier, enc, 2.0), CAPTIONS, window=window, seed=5)
-    got, trace = _mulosd(MuLoSDConfig(tau=1.5, draft_rows=4, resample="zipar", resample_window=window))
+    got, trace = _mulosd(knobs(tau=1.5, draft_rows=4, resample="zipar", resample_window=window))
     assert torch.equal(got, want)
     assert trace.counts["provisional_kv"] == 3 * zipar.counts["provisional_kv"]  # ours counts the whole batch
     assert trace.forwards["verifier"] == zipar.forwards["verifier"] + 1  # + the verification forward
@@ -536,7 +548,7 @@ def test_rejected_drafts_leave_no_trace_with_eager_kv_refresh(resample):
     def decode(up, refresh):
         verifier = ARBackbone(verifier_model, enc, 2.0)
         image, trace = decode_mulosd(verifier, ARBackbone(drafter_model, enc, 2.0), up, d.down, CAPTIONS, nb,
-                                     MuLoSDConfig(radius=0, resample=resample, kv_refresh=refresh), seed=5,
+                                     knobs(radius=0, resample=resample, kv_refresh=refresh), seed=5,
                                      accept=_reject_a_rectangle)
         # layer 1 keys of the last block's accepted (6,6) (6,7) (7,0): final context before (7,1) was queried
         slots = verifier_model.cfg.prefix + torch.tensor([6 * 8 + 6, 6 * 8 + 7, 7 * 8])
@@ -556,13 +568,13 @@ def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
     positions the previous round sampled last (and the block's last position, whose output is the next block's
     first distribution), padded per image, so an image still decodes the same alone and in a batch."""
     one_island = {"radius": 0, "resample": "parallel", "draft_rows": 1}
-    _, full = _mulosd(MuLoSDConfig(kv_refresh="round", **one_island), accept=_reject_a_rectangle)
-    _, lean = _mulosd(MuLoSDConfig(kv_refresh="none", **one_island), accept=_reject_a_rectangle)
+    _, full = _mulosd(knobs(kv_refresh="round", **one_island), accept=_reject_a_rectangle)
+    _, lean = _mulosd(knobs(kv_refresh="none", **one_island), accept=_reject_a_rectangle)
     # 4 rounds of 2 x 8; from the second on, round writes 16 + 15 tokens, none 1 (the island's last sample,
     # (1,5)) + 1 + 15, for 3 images
     assert full.tokens_in["verifier"] - lean.tokens_in["verifier"] == 3 * 3 * (31 - 17)
     assert full.forwards == lean.forwards and lean.counts["refreshed"] == 0
-    cfg = MuLoSDConfig(tau=0.3, acceptance="sampled", resample="zipar", kv_refresh="none", draft_rows=2)
+    cfg = knobs(tau=0.3, acceptance="sampled", resample="zipar", kv_refresh="none", draft_rows=2)
     batch, trace = _mulosd(cfg)
     assert 0 < trace.counts["resampled"] < trace.counts["drafted"]
     for i, c in enumerate(CAPTIONS):
@@ -605,10 +617,10 @@ def test_the_compiled_step_changes_no_token():
     # ZipAR draws through the compiled sampler too (and writes several rows per forward)
     eager_zipar, _ = decode_zipar(bb(verifier, False), CAPTIONS, window=2, seed=5)
     assert torch.equal(decode_zipar(bb(verifier, True), CAPTIONS, window=2, seed=5)[0], eager_zipar)
-    cfg = MuLoSDConfig(tau=1.5, resample="serial")
+    cfg = knobs(tau=1.5, resample="serial")
     got, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS, nb, cfg, seed=5)
     assert torch.equal(got, eager)
-    cfg = MuLoSDConfig(tau=0.1)
+    cfg = knobs(tau=0.1)
     batch, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS, nb, cfg, seed=5)
     alone, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS[1:2], nb, cfg, seed=5,
                              image_ids=torch.tensor([1]))

@@ -5,7 +5,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-from mulosd.config import DECODINGS
+from mulosd.config.infer import DECODINGS
 from mulosd.data.synthscenes import judge, parse_caption
 
 from .conftest import ROOT

@@ -12,7 +12,8 @@ from mulosd.ar.fused import FusedStep, library
 from mulosd.ar.sampling import draw
 from mulosd.ar.transformer import KVCache
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
-from mulosd.decoding import decode_ar, decode_zipar
+from mulosd.decoding.ar import decode_ar
+from mulosd.decoding.zipar import decode_zipar
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the fused step")
 

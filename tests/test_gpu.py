@@ -7,7 +7,10 @@ import torch
 
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
-from mulosd.decoding import MuLoSDConfig, decode_ar, decode_mulosd, decode_zipar
+from mulosd.decoding import MuLoSDConfig
+from mulosd.decoding.ar import decode_ar
+from mulosd.decoding.mulosd import decode_mulosd
+from mulosd.decoding.zipar import decode_zipar
 from mulosd.samplers import LatentDownsampler, LatentUpsampler
 from mulosd.tokenizer.neighbours import neighbour_table
 
@@ -49,7 +52,8 @@ def test_every_strategy_runs_on_the_gpu_in_bf16():
 def test_the_compiled_step_with_cuda_graphs_changes_no_token():
     """compile=true on the device (torch.compile with CUDA graphs): plain AR and SJD give the eager tokens in
     fp32 (bf16 rounding could flip a near-tie; fp32 keeps the comparison exact to the noise)."""
-    from mulosd.decoding import SJDConfig, decode_sjd
+    from mulosd.decoding import SJDConfig
+    from mulosd.decoding.sjd import decode_sjd
 
     verifier, enc = _models(8).cuda(), SceneCaptionEncoder(16).eval().cuda()
     eager, _ = decode_ar(ARBackbone(verifier, enc, 3.0), CAPS, seed=1)

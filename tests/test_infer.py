@@ -11,8 +11,10 @@ import pytest
 import torch
 from PIL import Image
 
-from mulosd.config import DECODINGS, validate_bench, validate_infer
-from mulosd.pipeline import STRATEGIES, Pipeline
+from mulosd.config.bench import validate_bench
+from mulosd.config.infer import DECODINGS, validate_infer
+from mulosd.decoding.registry import STRATEGIES
+from mulosd.pipeline import Pipeline
 
 from .conftest import ROOT, assert_quiet_logs, cli_error, compose_config
 
@@ -23,6 +25,57 @@ def test_infer_and_the_bench_accept_exactly_the_registered_strategies():
         validate_infer(compose_config("infer", [f"decoding={name}"]))
     for name in set(STRATEGIES) - {"ar"}:  # ar is always measured
         validate_bench(compose_config("bench", [f"strategies=[{name}]"]))
+
+
+def test_every_knob_has_one_default_and_a_command_line_key():
+    """Each strategy's dataclass is the source of its knobs: every field a strategy reads from a config is an infer
+    key whose schema default is the dataclass's, no other part of the schema or conf/infer.yaml sets it, and each
+    knob's range check is reachable from the command line."""
+    from dataclasses import MISSING, fields
+
+    from omegaconf import OmegaConf
+
+    from mulosd.config.bench import BenchConfig
+    from mulosd.config.infer import InferConfig, InferOptions
+
+    schema = {f.name: f for f in fields(InferConfig)}
+    composed = compose_config("infer", [])
+    own = {f.name for f in fields(InferOptions)}
+    seen = set()
+    for strategy in STRATEGIES.values():
+        for f in fields(strategy.config) if strategy.config else ():
+            key = f.metadata.get("key", f.name)
+            if key is None:  # set by the strategy itself (sd / lantern's acceptance)
+                continue
+            assert key in schema and key not in own, key
+            assert schema[key].default == f.default and f.default is not MISSING, key
+            assert composed[key] == f.default, f"{key}: conf/infer.yaml sets it again"
+            assert f.metadata.get("help"), f"{key}: no help text"
+            seen.add(key)
+        for axis in strategy.sweep:  # bench sweeps command-line knobs, over lists of BenchConfig
+            assert axis.key in schema and axis.values in {f.name for f in fields(BenchConfig)}, axis
+    assert set(schema) == own | seen, "every schema field is an option of the run or a knob of a strategy"
+    # conf/infer.yaml chooses nothing: every default is the schema's
+    assert OmegaConf.to_container(composed) == OmegaConf.to_container(OmegaConf.structured(InferConfig))
+
+
+@pytest.mark.parametrize("key, value", [("tau", -1), ("draft_rows", 0), ("sjd_window", 0), ("window", 0),
+                                        ("gamma", 0), ("lantern_delta", 2), ("draft_cfg_scale", -1)])
+def test_each_knobs_range_check_answers_for_its_command_line_key(key, value):
+    with pytest.raises(ValueError, match=f"^{key}: "):
+        validate_infer(compose_config("infer", [f"{key}={value}"]))
+
+
+def test_the_registry_is_the_whole_recipe():
+    """One entry per strategy, named functions (jump-to-definition reaches the decoder), and the bench's grid
+    measures every strategy a user names, by the registry's axes."""
+    from mulosd.bench import grid
+
+    for name, s in STRATEGIES.items():
+        assert s.name == name and s.run.__name__ == f"run_{name}" and s.drafts_with in (None, "drafter", "small")
+    points = grid(compose_config("bench", ["rs=[2]", "taus=[0.5]", "radii=[1]", "windows=[2]"]))
+    assert {p.strategy for p in points} == set(STRATEGIES)
+    assert {p.name for p in points} >= {"ar", "zipar_s2", "sjd", "mulosd_r2_tau0.5_l1"}
 
 
 def _infer(zoo, tmp_path, *extra, env=None):
@@ -111,7 +164,7 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
     """One tau=0 round drafts the whole low-res image greedily and serially: it is the drafter's greedy AR decode at
     draft_cfg_scale, not at the verifier's scale, and the verifier's own guidance is untouched."""
     from mulosd.ar import ARBackbone, Warpers
-    from mulosd.decoding import decode_ar
+    from mulosd.decoding.ar import decode_ar
     from mulosd.pipeline import Pipeline
 
     models = ["tokenizer=tok", "verifier=ar128", "drafter=ar64", "up=up", "down=down"]

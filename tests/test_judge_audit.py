@@ -31,7 +31,7 @@ def test_the_labels_cover_the_audit_set_and_say_how_they_were_reached():
 
 
 def test_the_demo_prompts_ar_image_with_a_two_coloured_cross_among_three_is_judged_a_fail():
-    from mulosd.config import InferConfig
+    from mulosd.config.infer import InferConfig
     from mulosd.pipeline import Pipeline
 
     caption = "two dotted crosses on a mottled blue background"  # `make demo`'s prompt before the audit

@@ -9,7 +9,9 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from mulosd.config import validate_bench, validate_infer, validate_train
+from mulosd.config.bench import validate_bench
+from mulosd.config.infer import validate_infer
+from mulosd.config.train import validate_train
 
 from .conftest import ROOT, compose_config
 
@@ -47,6 +49,32 @@ def test_every_command_line_in_the_readme_composes_and_validates(command):
     name, validate = CONFIGS[script]
     overrides = [o for o in overrides if not o.startswith(("hydra.", "-m"))]
     validate(compose_config(name, overrides))
+
+
+def test_every_prompt_the_readme_shows_is_one_the_world_teaches():
+    """A SynthScenes prompt in a README command is a composition the shipped zoo was trained on (a colour in a
+    counting or position prompt is not), so that what the README shows can work."""
+    from mulosd.data.synthscenes import parse_caption, untaught
+
+    prompts = [a.split("=", 1)[1] for c in _commands() for a in c if a.startswith("prompt=") and
+               not any(b.startswith("backbone=") for b in c)]
+    assert prompts
+    for text in prompts:
+        assert untaught(parse_caption(text)) is None, text
+
+
+def test_the_readmes_knob_table_gives_the_schemas_defaults():
+    """Each row of the README's table of decoding knobs: its keys exist and its defaults are the schema's."""
+    cfg = compose_config("infer", [])
+    table = re.search(r"The decoding knobs that matter most.*?\n\n(\|.*?)\n\n", README, re.S).group(1)
+    for row in table.splitlines()[2:]:
+        keys_cell, default_cell = row.split("|")[1:3]
+        keys = re.findall(r"`([\w.]+)`", keys_cell)
+        defaults = [d.strip().strip("`") for d in default_cell.split(",")]
+        if keys[0].startswith("models."):
+            continue
+        for key, default in zip(keys, defaults, strict=True):
+            assert str(cfg[key]).lower() == default.lower(), (key, cfg[key], default)
 
 
 def _quoted_errors() -> list[tuple[list[str], str]]:

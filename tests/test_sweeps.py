@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mulosd.config import validate_infer, validate_train
+from mulosd.config.infer import validate_infer
+from mulosd.config.train import validate_train
 
 from .conftest import ROOT, compose_config
 

@@ -8,16 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from mulosd.ar import ARBackbone
-from mulosd.decoding import (
-    MuLoSDConfig,
-    SDConfig,
-    SJDConfig,
-    decode_ar,
-    decode_mulosd,
-    decode_sd,
-    decode_sjd,
-    decode_zipar,
-)
+from mulosd.decoding import MuLoSDConfig, SDConfig, SJDConfig
+from mulosd.decoding.ar import decode_ar
+from mulosd.decoding.mulosd import decode_mulosd
+from mulosd.decoding.sd import decode_sd
+from mulosd.decoding.sjd import decode_sjd
+from mulosd.decoding.zipar import decode_zipar
 from mulosd.tar.ar_dtok import load_ardtok
 
 TINY = {"llama-abs-tiny": (2, 2, 32)}  # a test-only size name: (layers, heads, dim)
@@ -126,7 +122,8 @@ def test_every_strategy_runs_on_a_tiny_tar_pair_and_mulosd_reproduces_ar(tmp_pat
     down = LatentDownsampler(codebook, 2, 16, 1).double().eval()
     want, _ = decode_ar(ARBackbone(verifier, enc, 4.0), captions, seed=3)
     got, trace = decode_mulosd(ARBackbone(verifier, enc, 4.0), ARBackbone(drafter, enc, 4.0), up.up, down.down,
-                               captions, neighbour_table(codebook, 8), MuLoSDConfig(tau=1.5, resample="serial"),
+                               captions, neighbour_table(codebook, 8),
+                               MuLoSDConfig(tau=1.5, pool_k=8, resample="serial", draft_rows=1, acceptance="threshold"),
                                seed=3)
     assert torch.equal(got, want) and trace.counts["accepted"] == 0
     tokens, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions,
@@ -136,7 +133,8 @@ def test_every_strategy_runs_on_a_tiny_tar_pair_and_mulosd_reproduces_ar(tmp_pat
     assert torch.equal(alone[0], tokens[1])
     # ZipAR, LANTERN and SJD on the same pair, batch 3 with CFG
     lantern, _ = decode_sd(ARBackbone(verifier, enc, 4.0), ARBackbone(verifier, enc, 1.0), captions,
-                           SDConfig(gamma=3, acceptance="lantern"), seed=3, neighbours=neighbour_table(codebook, 8))
+                           SDConfig(gamma=3, acceptance="lantern", pool_k=8), seed=3,
+                           neighbours=neighbour_table(codebook, 8))
     zipar, _ = decode_zipar(ARBackbone(verifier, enc, 4.0), captions, window=2, seed=3)
     sjd, trace = decode_sjd(ARBackbone(verifier, enc, 4.0), captions, SJDConfig(window=4), seed=3)
     assert lantern.shape == zipar.shape == sjd.shape == (3, 8, 8) and trace.forwards["verifier"] <= 1 + 64
@@ -339,10 +337,11 @@ def test_offline_without_the_files_is_one_line_naming_every_missing_file(tmp_pat
 
 def test_the_gpu_cost_model_covers_tar_shapes_on_tiny_ones():
     """scripts/gpu_check.sh measures AR-DTok-LP shapes at 512 and 1024 px; here the same harness, tiny."""
-    from mulosd.llamagen.costmodel import SIZES, _kv_bytes, _model, measure, table
+    from mulosd.reports.costmodel import SIZES, _kv_bytes, _model, measure, table
 
     m = measure("tar_tiny", "cpu", torch.float32, rates=(1.0,), cfg_scale=4.0)
-    assert m["r"] == 4 and m["mulosd"]["1.0"]["verifier_forwards"] == 1 + 2  # the prefix, one per low-res row
+    rounds = -(-2 // min(MuLoSDConfig().draft_rows, 2))  # infer.py's knobs over a 2-row drafter
+    assert m["r"] == 4 and m["mulosd"]["1.0"]["verifier_forwards"] == 1 + rounds  # the prefix, one per round
     assert "| 100% |" in table(m) and m["memory_gb"]["verifier"]["kv_cache_per_image"] > 0
     # the real shapes, weight-free: 2 (K, V) x 30 layers x (729 + 64^2) slots x 1280 x 2 bytes x 2 (CFG)
     with torch.device("meta"):

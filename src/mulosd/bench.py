@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import copy
 import csv
+import itertools
 import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,47 +26,47 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from tqdm import tqdm
 
-from .config import ConfigError, validate_bench, with_overrides
+from .config import ConfigError, with_overrides
+from .config.bench import validate_bench
+from .decoding.registry import STRATEGIES
 from .eval import geneval_score, paired_difference, prompt_set, reference_renders
 
 log = logging.getLogger(__name__)
 
-BASELINES = ("zipar", "sd", "lantern", "sjd")
+# every swept knob: a column of results.csv (blank where a point does not sweep it)
+AXES = tuple(dict.fromkeys(a.key for s in STRATEGIES.values() for a in s.sweep))
+
 
 
 @dataclass(frozen=True)
 class Point:
+    """One measured setting: a strategy, the values of its sweep axes (decoding/registry.py), a MuLo-SD variant
+    (a key of cfg.variants) and whether it runs compiled."""
+
     strategy: str
-    r: int | None = None
-    tau: float | None = None
-    radius: int | None = None
-    variant: str | None = None  # a key of cfg.variants
-    window: int | None = None  # zipar: its window s (None: infer.window)
+    settings: tuple[tuple[str, Any], ...] = ()  # (infer key, value) per swept axis
+    variant: str | None = None
     compiled: bool = False  # infer.compile=true
 
     @property
     def name(self) -> str:
-        suffix = "_compiled" if self.compiled else ""
-        if self.strategy != "mulosd":
-            return self.strategy + ("" if self.window is None else f"_s{self.window}") + suffix
-        return (f"mulosd_r{self.r}_tau{self.tau:g}_l{self.radius}" + (f"_{self.variant}" if self.variant else "")
-                + suffix)
+        values = dict(self.settings)
+        parts = [self.strategy] + [axis.label.format(values[axis.key]) for axis in STRATEGIES[self.strategy].sweep
+                                   if axis.key in values]
+        return "_".join(parts + [self.variant] * bool(self.variant) + ["compiled"] * self.compiled)
 
 
 def grid(cfg: DictConfig) -> list[Point]:
+    """ar, then each strategy at every combination of its axes' values (an axis with no values is not swept);
+    MuLo-SD once per variant, where a variant that sets an axis's key is measured at that value only."""
     points = [Point("ar")]
-    for s in cfg.strategies:
-        if s == "zipar" and cfg.windows:
-            points += [Point(s, window=w) for w in cfg.windows]
-        elif s in BASELINES:
-            points.append(Point(s))
-    if "mulosd" in cfg.strategies:
-        for v in list(cfg.variants) or [None]:
-            # a variant that sets r, tau or radius itself is measured at that value only, not over the grid's
+    for name in cfg.strategies:
+        for v in (list(cfg.variants) or [None]) if name == "mulosd" else [None]:
             own = cfg.variants[v] if v else {}
-            rs, taus, radii = ([own[k]] if k in own else cfg[k2] for k, k2 in
-                               (("r", "rs"), ("tau", "taus"), ("radius", "radii")))
-            points += [Point("mulosd", r, float(t), rad, v) for r in rs for t in taus for rad in radii]
+            axes = [(a.key, [own[a.key]] if a.key in own else list(cfg[a.values])) for a in STRATEGIES[name].sweep]
+            axes = [(key, values) for key, values in axes if values]
+            points += [Point(name, tuple(zip([k for k, _ in axes], combo, strict=True)), v)
+                       for combo in itertools.product(*(values for _, values in axes))]
     if cfg.compile:
         points += [replace(p, compiled=True) for p in points]
     return points
@@ -73,11 +75,9 @@ def grid(cfg: DictConfig) -> list[Point]:
 def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
     c = copy.deepcopy(cfg.infer)
     c.seed, c.batch_size = cfg.seed, cfg.batch_size
-    if point.strategy == "mulosd":
-        c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
-        c.r, c.tau, c.radius = point.r, point.tau, point.radius
-    if point.window is not None:
-        c.window = point.window
+    c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
+    for key, value in point.settings:
+        c[key] = value
     c.compile = c.compile or point.compiled
     return c
 
@@ -104,9 +104,18 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
     warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
+    log.info(f"bench: {len(points)} points x {len(starts)} batches of {cfg.batch_size} = {len(todo)} decodes to run "
+             f"({len(starts) * len(points) - len(todo)} done); the time left is estimated after the first batch")
+    first = todo[0][0] if todo else None
+    began = time.perf_counter()
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
+            if first is not None and start != first:  # every point has decoded one batch (and warmed up)
+                spent, left = time.perf_counter() - began, sum(s != first for s, _ in todo)
+                log.info(f"bench: the first batch of every point took {spent:.0f} s; about "
+                         f"{spent * left / max(len(todo) - left, 1) / 60:.0f} min to go")
+                first = None
             icfg = _infer_cfg(cfg, point)
             # what a pipeline loads depends on r and on these (a variant may change them)
             key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
@@ -226,9 +235,8 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         timed_on |= {c.get("hardware", "hardware not recorded") for c in cells}
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
-        row = {"method": p.name, "strategy": p.strategy, "r": p.r or "", "tau": "" if p.tau is None else p.tau,
-               "radius": "" if p.radius is None else p.radius, "variant": p.variant or "",
-               "window": "" if p.window is None else p.window,
+        row = {"method": p.name, "strategy": p.strategy, **{key: dict(p.settings).get(key, "") for key in AXES},
+               "variant": p.variant or "",
                "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "ms_per_step": 1e3 * sum(c["wall_s"] for c in cells) / sum(c["steps"] for c in cells),
@@ -257,7 +265,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         diff, se = paired_difference(row.pop("passed"), ar_passed, row.pop("categories"))
         row["geneval_vs_ar"], row["geneval_vs_ar_ci95"] = diff, 1.96 * se
     _write(out, rows, cfg, " and ".join(sorted(timed_on)))
-    if cfg.compile and cfg.infer.backbone == "synthscenes":  # the released backbones' limits: llamagen/costmodel
+    if cfg.compile and cfg.infer.backbone == "synthscenes":  # the released backbones' limits: reports/costmodel.py
         _step_table(out, rows, _verifier_shape(cfg))
     line = _last_line(rows, ar)
     log.info(line)
@@ -374,7 +382,7 @@ def _last_line(rows: list[dict], ar: dict) -> str:
     near = [r for r in rows if abs(r["geneval"] - ar["geneval"]) <= 0.03]
     ours = [r for r in rows if r["strategy"] == "mulosd" and r["r"] == 2]
     pick = max([r for r in ours if r in near] or ours or [ar], key=lambda r: r["speedup"])
-    peers = [r for r in near if r["strategy"] in BASELINES]
+    peers = [r for r in near if r["strategy"] not in ("ar", "mulosd")]
     peer = max(peers, key=lambda r: r["speedup"]) if peers else None
     return (f"bench: mulosd_r2 speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f} "
             f"ar_geneval={ar['geneval']:.3f} best_peer={peer['method'] if peer else 'none'} "

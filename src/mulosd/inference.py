@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 from PIL import Image
 from tqdm import tqdm
 
-from .config import ConfigError, validate_infer
-from .data.synthscenes import CaptionError, judge, parse_caption, realise, render
+from .config import ConfigError
+from .config.infer import validate_infer
+from .data.synthscenes import CaptionError, judge, parse_caption, realise, render, untaught
 from .pipeline import STRATEGIES, Pipeline
 from .viz import acceptance_maps, captioned_grid
 from .zoo import read_config, world_radius
@@ -105,9 +106,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     synthscenes = cfg.backbone == "synthscenes"  # SynthScenes prompts parse and are judged; others are free text
     for i, text in enumerate(texts if synthscenes else []):  # every prompt is checked before any model is loaded
         try:
-            parse_caption(text)
+            why = untaught(parse_caption(text))
         except CaptionError as e:
             raise ConfigError("prompt" if len(texts) == 1 else f"prompts[{i}]", str(e)) from None
+        if why and cfg.decoding != "reference":
+            log.warning(f"note: {text!r} is not a composition the shipped zoo was trained on ({why}): expect the "
+                        "models to miss it")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.decoding == "reference":

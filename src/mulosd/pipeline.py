@@ -6,16 +6,14 @@
 
 `Pipeline.from_config` loads the models the requested strategies need, once, and checks them against one
 tokenizer: a missing model, one trained on another tokenizer's codes, or a drafter whose grid is not the
-verifier's / r is a one-line ConfigError naming the config key, before any decoding. `STRATEGIES` is the
-registry of decoding strategies (what each runs, the models it drafts with, its progress units); infer.py,
-generate.py, bench.py, the notebook and the tests all go through it.
+verifier's / r is a one-line ConfigError naming the config key, before any decoding; `sampling` resolves how
+the verifier samples. Which strategies exist, and how each decodes, is decoding/registry.py's STRATEGIES.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,19 +21,8 @@ from omegaconf import DictConfig
 
 from .ar import ARBackbone, Warpers
 from .config import ConfigError
-from .decoding import (
-    STRATEGY_CONFIGS,
-    MuLoSDConfig,
-    SDConfig,
-    SJDConfig,
-    ZipARConfig,
-    decode_ar,
-    decode_mulosd,
-    decode_sd,
-    decode_sjd,
-    decode_zipar,
-    from_config,
-)
+from .decoding.knobs import MuLoSDConfig, from_config
+from .decoding.registry import STRATEGIES
 from .tokenizer import tokens_to_images
 
 log = logging.getLogger(__name__)
@@ -49,14 +36,17 @@ def _load(key: str, fn, *args, **kw):
         raise ConfigError(key, str(e)) from None
 
 
-def _warpers(cfg: DictConfig, recorded: dict) -> Warpers:
-    """Sampling settings: the config's where set, else the verifier's recorded defaults."""
-    return Warpers(*(recorded[k] if cfg[k] is None else cfg[k] for k in ("temperature", "top_k", "top_p")))
+def sampling(cfg: DictConfig, recorded: dict) -> tuple[float, str, Warpers]:
+    """How the verifier samples: (guidance scale, guidance schedule, warpers), resolved here and nowhere else.
+    Each of cfg_scale, cfg_schedule, temperature, top_k and top_p is the command line's where set (not null),
+    else what the verifier's export records (`recorded`: its training config's `sample`; upstream's defaults for
+    LlamaGen and Tar); a schedule recorded by neither is constant. MuLo-SD's drafter guides at draft_cfg_scale
+    where set, else at the scale its export records for its size, else at the verifier's (`drafter_backbone`)."""
+    def pick(key):
+        return recorded.get(key) if cfg[key] is None else cfg[key]
 
-
-def _schedule(cfg: DictConfig, recorded: dict) -> str:
-    """The guidance schedule: the config's where set, else the verifier's recorded one (constant where none)."""
-    return recorded.get("cfg_schedule", "constant") if cfg.cfg_schedule is None else cfg.cfg_schedule
+    warpers = Warpers(*(pick(k) for k in ("temperature", "top_k", "top_p")))
+    return pick("cfg_scale"), pick("cfg_schedule") or "constant", warpers
 
 
 class Pipeline:
@@ -96,9 +86,8 @@ class Pipeline:
         tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
         verifier, encoder, meta = _load("models.verifier", load_ar, m.verifier)
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
-        s = meta["sample"]
-        cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        extra = {"cfg_schedule": _schedule(cfg, s)}
+        cfg_scale, schedule, warpers = sampling(cfg, meta["sample"])
+        extra = {"cfg_schedule": schedule}
         if strategies & {"mulosd", "lantern"}:
             k = max(cfg.pool_k, cfg.lantern_k, 1)
             codes = tokenizer.codebook_size
@@ -132,7 +121,7 @@ class Pipeline:
             small, small_encoder, smeta = _load("models.small", load_ar, m.small)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
             extra |= {"small": small, "small_encoder": small_encoder}
-        return cls(tokenizer, verifier, encoder, cfg_scale, _warpers(cfg, s), **extra)
+        return cls(tokenizer, verifier, encoder, cfg_scale, warpers, **extra)
 
     @classmethod
     def llamagen(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
@@ -179,10 +168,8 @@ class Pipeline:
         from .tokenizer.neighbours import cached_neighbour_table
         from .zoo import load_sampler
 
-        m, s = cfg.models, t2i.sample
-        cfg_scale = s["cfg_scale"] if cfg.cfg_scale is None else cfg.cfg_scale
-        extra["cfg_schedule"] = _schedule(cfg, s)
-        warpers = _warpers(cfg, s)
+        m = cfg.models
+        cfg_scale, extra["cfg_schedule"], warpers = sampling(cfg, t2i.sample)
         if warpers.temperature == 0:
             log.warning(f"temperature=0 (greedy) with {cfg.backbone}: greedy decoding is known to ruin its 512 px "
                         "images (repeated textures); its own default is temperature 1")
@@ -202,10 +189,10 @@ class Pipeline:
         return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile,
                           cfg_schedule=schedule)
 
-    def drafter_backbone(self, cfg: DictConfig, compile: bool = False) -> ARBackbone:
-        """MuLo-SD's low-res drafter as decoding runs it: guided at `draft_cfg_scale` where set, else at its
+    def drafter_backbone(self, knobs: MuLoSDConfig, compile: bool = False) -> ARBackbone:
+        """MuLo-SD's low-res drafter as decoding runs it: guided at `knobs.draft_cfg_scale` where set, else at its
         recorded scale (the drafter only proposes, so it may be guided harder than the verifier samples)."""
-        scale = self.drafter_cfg_scale if cfg.draft_cfg_scale is None else cfg.draft_cfg_scale
+        scale = self.drafter_cfg_scale if knobs.draft_cfg_scale is None else knobs.draft_cfg_scale
         return self.backbone("drafter", scale, compile=compile)
 
     def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
@@ -217,7 +204,7 @@ class Pipeline:
             self.conditioner.prepare(captions, cfg.seed, torch.arange(len(captions)))
         backbones = [self.backbone(compile=True)]
         if STRATEGIES[strategy].drafts_with == "drafter":
-            backbones.append(self.drafter_backbone(cfg, compile=True))
+            backbones.append(self.drafter_backbone(from_config(MuLoSDConfig, cfg), compile=True))
         elif STRATEGIES[strategy].drafts_with == "small":
             backbones.append(self.backbone("small", compile=True))
         for bb in backbones:
@@ -241,7 +228,7 @@ class Pipeline:
             if strategy != "mulosd":
                 raise ValueError(f"only mulosd records rounds, not {strategy}")
             common["rounds"] = True
-        tokens, trace = STRATEGIES[strategy].decode(self, cfg, captions, common)
+        tokens, trace = STRATEGIES[strategy].run(self, cfg, captions, common)
         if self.conditioner is not None:
             trace.stages |= self.conditioner.seconds
         return tokens, trace
@@ -281,52 +268,3 @@ def _upsampler(cfg: DictConfig, tokenizer, name, check_against, device: str = "c
 
         return PixelUpsampler(tokenizer, cfg.r, cfg.sr).up
     return _load("models.up", load_sampler, name, check_against, device=device)[0].up
-
-
-# --- the strategy registry ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A decoding strategy as everything around the decoders sees it."""
-
-    decode: Callable  # (pipeline, cfg, captions, common keyword arguments) -> (tokens, Trace)
-    units: Callable[[DictConfig, int], int]  # progress-bar units per batch at verifier grid G
-    config: type | None = None  # the dataclass of its own knobs
-    drafts_with: str | None = None  # the extra model it drafts with: "drafter" (low-res) or "small"
-
-
-def _decode_zipar(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-    return decode_zipar(p.backbone(compile=cfg.compile), captions, window=from_config(ZipARConfig, cfg).window,
-                        **common)
-
-
-def _decode_sd(acceptance: str):
-    def run(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-        sd = from_config(SDConfig, cfg, acceptance=acceptance)
-        return decode_sd(p.backbone(compile=cfg.compile), p.backbone("small", compile=cfg.compile), captions, sd,
-                         neighbours=p.neighbours, **common)
-    return run
-
-
-def _decode_mulosd(p: Pipeline, cfg: DictConfig, captions: list[str], common: dict):
-    drafter = p.drafter_backbone(cfg, compile=cfg.compile)
-    return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours,
-                         from_config(MuLoSDConfig, cfg), **common)
-
-
-STRATEGIES: dict[str, Strategy] = {
-    "ar": Strategy(lambda p, cfg, captions, common: decode_ar(p.backbone(compile=cfg.compile), captions, **common),
-                   units=lambda cfg, G: G * G),
-    "zipar": Strategy(_decode_zipar, units=lambda cfg, G: G + (G - 1) * cfg.window, config=ZipARConfig),
-    # sd / lantern: draft windows, a bound (a window commits at least one token)
-    "sd": Strategy(_decode_sd("exact"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
-    "lantern": Strategy(_decode_sd("lantern"), units=lambda cfg, G: G * G, config=SDConfig, drafts_with="small"),
-    # sjd: Jacobi iterations, a bound (each commits at least one token)
-    "sjd": Strategy(lambda p, cfg, captions, common: decode_sjd(p.backbone(compile=cfg.compile), captions,
-                                                                 from_config(SJDConfig, cfg), **common),
-                    units=lambda cfg, G: G * G, config=SJDConfig),
-    "mulosd": Strategy(_decode_mulosd, units=lambda cfg, G: G // cfg.r // cfg.draft_rows, config=MuLoSDConfig,
-                       drafts_with="drafter"),
-}
-assert {k: s.config for k, s in STRATEGIES.items()} == STRATEGY_CONFIGS, "one list of strategies and their knobs"

@@ -19,7 +19,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from .config import ConfigError, validate_model, validate_train
+from .config import ConfigError
+from .config.train import validate_model, validate_train
 from .data.datamodule import ShardDataModule, synth_radius
 from .data.images import to_image
 from .paths import CONF

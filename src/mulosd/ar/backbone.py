@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import torch
 
+from ..config.choices import GUIDANCE_SCHEDULES
 from .fused import FusedStep
 from .sampling import Warpers, draw
 from .transformer import KVCache, Transformer
-
-GUIDANCE_SCHEDULES = ("constant", "linear")
 
 
 def guidance_scale(schedule: str, cfg_scale: float, positions: torch.Tensor, n: int) -> float | torch.Tensor:

@@ -1,19 +1,12 @@
-"""Decoding strategies over one ARBackbone call; each returns tokens and a Trace."""
+"""Decoding strategies over one ARBackbone call; each returns tokens and a Trace.
 
-from .ar import decode_ar
-from .knobs import KnobError, from_config
-from .mulosd import MuLoSDConfig, decode_mulosd
-from .sd import SDConfig, decode_sd
-from .sjd import SJDConfig, decode_sjd
-from .trace import Round, Trace
-from .zipar import ZipARConfig, decode_zipar
+The package imports no torch: `knobs` (every strategy's settings) and `registry` (every strategy) are read by
+the config schemas; the decoders are imported from their modules (`from mulosd.decoding.mulosd import
+decode_mulosd`).
+"""
 
-# every strategy, in the order tables list them (mulosd.pipeline.STRATEGIES runs them), with the dataclass of its
-# own settings (None: it has none)
-STRATEGY_CONFIGS = {"ar": None, "zipar": ZipARConfig, "sd": SDConfig, "lantern": SDConfig, "sjd": SJDConfig,
-                    "mulosd": MuLoSDConfig}
-STRATEGY_NAMES = tuple(STRATEGY_CONFIGS)
+from .knobs import KnobError, MuLoSDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
+from .registry import STRATEGIES, STRATEGY_NAMES, Strategy
 
-__all__ = ["STRATEGY_CONFIGS", "STRATEGY_NAMES", "KnobError", "MuLoSDConfig", "Round", "SDConfig", "SJDConfig",
-           "Trace", "ZipARConfig", "decode_ar", "decode_mulosd", "decode_sd", "decode_sjd", "decode_zipar",
-           "from_config"]
+__all__ = ["STRATEGIES", "STRATEGY_NAMES", "KnobError", "MuLoSDConfig", "SDConfig", "SJDConfig", "Strategy",
+           "ZipARConfig", "from_config"]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
 
 import torch
 
@@ -48,58 +47,9 @@ from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import outside_pool, pooled_accept, pooled_mass, sampled_accept
 from .islands import IslandSchedule, expand, first_rejected
-from .knobs import check, one_of
+from .knobs import MuLoSDConfig
 from .trace import Round, Trace
 from .zipar import zipar_rows
-
-
-@dataclass(frozen=True)
-class MuLoSDConfig:
-    tau: float = 0.5
-    pool_k: int = 8
-    delta: float | None = None
-    radius: int = 1
-    rejection: str = "local"  # local | raster
-    # what happens to the positions the radius grows R_X by (rejected drafts are always resampled): resample
-    # (the paper) | reverify: each keeps its draft where the draft passes the test again in its resampled context
-    expanded: str = "resample"
-    resample: str = "parallel"  # parallel | serial | zipar (an island's rows advance together)
-    keep_rejected: bool = False  # rejected drafts stay in the verifier's context as placeholders until resampled
-    kv_refresh: str = "round"  # round | eager | none: when (if ever) accepted positions after t0 get K/V from their
-    # final context
-    resample_window: int = 2  # ZipAR window (high-res tokens) when resample=zipar: (i, j) waits for (i-1, j+w-1)
-    draft_rows: int = 1  # low-res rows drafted per round
-    draft: str = "serial"  # serial | zipar: the block's rows drafted one after another, or ZipAR-staggered
-    draft_window: int = 4  # ZipAR window (low-res tokens) when draft=zipar
-    draft_temperature: float | None = None  # the drafter's temperature (0 = its mode); None = the verifier's
-    relative: bool = False  # pooled mass against the mode's pooled mass instead of against 1
-    # threshold: mass >= tau | sampled: with probability min(1, mass / tau) | ratio: min(1, mass / (tau q)), q the
-    # drafter's pooled mass of the low-res token the position was up-sampled from
-    acceptance: str = "threshold"
-
-    REJECTIONS: ClassVar = ("local", "raster")
-    EXPANDED: ClassVar = ("resample", "reverify")
-    RESAMPLES: ClassVar = ("parallel", "serial", "zipar")
-    KV_REFRESHES: ClassVar = ("eager", "round", "none")
-    DRAFTS: ClassVar = ("serial", "zipar")
-    ACCEPTANCES: ClassVar = ("threshold", "sampled", "ratio")
-
-    def __post_init__(self):
-        check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")  # NaN fails too; > 1 rejects every draft
-        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
-        check(self.delta is None or 0 <= self.delta <= 1, "delta", f"must be in [0, 1] or null, got {self.delta}")
-        check(self.radius >= 0, "radius", f"must be >= 0, got {self.radius}")
-        one_of(self.rejection, self.REJECTIONS, "rejection")
-        one_of(self.expanded, self.EXPANDED, "expanded")
-        one_of(self.resample, self.RESAMPLES, "resample")
-        one_of(self.kv_refresh, self.KV_REFRESHES, "kv_refresh")
-        one_of(self.draft, self.DRAFTS, "draft")
-        one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
-        for key in ("resample_window", "draft_window", "draft_rows"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
-        t = self.draft_temperature
-        check(t is None or t >= 0, "draft_temperature", f"must be >= 0, got {t}")
-        check(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
 
 
 @dataclass(frozen=True)
@@ -219,6 +169,7 @@ class _MuLoSD:
         G, g = verifier.grid, drafter.grid
         if G % g:
             raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
+        cfg = replace(cfg, draft_rows=min(cfg.draft_rows, g))  # more rows than the grid has: the whole grid
         if g % cfg.draft_rows:
             raise ValueError(f"draft_rows={cfg.draft_rows} must divide the drafter's {g} rows")
         self.verifier, self.drafter, self.up, self.down, self.pool, self.cfg = verifier, drafter, up, down, pool, cfg

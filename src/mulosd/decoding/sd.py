@@ -13,34 +13,14 @@ draws and the verifier's draws use separate noise streams keyed by (seed, image,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar
-
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import pooled_mass, residual
-from .knobs import check, one_of
+from .knobs import SDConfig
 from .trace import Trace
-
-
-@dataclass(frozen=True)
-class SDConfig:
-    gamma: int = 4
-    # exact | lantern: chosen by the strategy (decoding=sd or lantern), never read from a config
-    acceptance: str = field(default="exact", metadata={"key": None})
-    pool_k: int = field(default=8, metadata={"key": "lantern_k"})  # lantern
-    delta: float = field(default=0.2, metadata={"key": "lantern_delta"})  # lantern
-
-    ACCEPTANCES: ClassVar = ("exact", "lantern")
-
-    def __post_init__(self):
-        check(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
-        one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
-        check(0 <= self.delta <= 1, "delta", f"must be in [0, 1], got {self.delta}")
-        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
 
 
 def _padded(rows: list[list[tuple[int, int]]], device) -> tuple[torch.Tensor, torch.Tensor]:

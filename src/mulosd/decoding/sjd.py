@@ -20,7 +20,6 @@ same alone and in a batch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
@@ -28,16 +27,8 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import residual
-from .knobs import check
+from .knobs import SJDConfig
 from .trace import Trace
-
-
-@dataclass(frozen=True)
-class SJDConfig:
-    window: int = field(default=16, metadata={"key": "sjd_window"})  # positions drafted and verified per forward
-
-    def __post_init__(self):
-        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
 
 
 @torch.no_grad()

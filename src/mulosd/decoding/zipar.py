@@ -9,21 +9,10 @@ token once the row finishes; K/V computed against a provisional slot are counted
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ..ar import ARBackbone, Warpers
-from .knobs import check
 from .trace import Trace
-
-
-@dataclass(frozen=True)
-class ZipARConfig:
-    window: int = 4  # row r+1 starts once row r has this many tokens
-
-    def __post_init__(self):
-        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
 
 
 @torch.no_grad()

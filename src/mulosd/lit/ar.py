@@ -196,7 +196,7 @@ class ARModule(L.LightningModule):
     @torch.no_grad()
     def _log_samples(self, captions: list[str]) -> None:
         """Plain AR with guidance on validation captions -> a grid with the judge's verdicts."""
-        from ..decoding import decode_ar
+        from ..decoding.ar import decode_ar
         from ..zoo import load_tokenizer
 
         s = self.hparams["sample"]

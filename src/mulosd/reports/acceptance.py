@@ -40,13 +40,16 @@ from skimage import color as skcolor
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers, warp
-from ..config import SAMPLER_STAGES, InferConfig
+from ..config.choices import SAMPLER_STAGES
+from ..config.infer import InferConfig
 from ..data.images import downsample, to_tensor
 from ..data.synthscenes.judge import OBJECT_MIN_SATURATION, OBJECT_MIN_VALUE
-from ..decoding import decode_ar, decode_zipar, from_config
+from ..decoding import from_config
 from ..decoding.acceptance import pooled_mass
+from ..decoding.ar import decode_ar
 from ..decoding.islands import expand, raster_linked_islands
 from ..decoding.mulosd import PHASES, MuLoSDConfig, draft_warpers, parents
+from ..decoding.zipar import decode_zipar
 from ..eval import EVAL_SEED, prompt_set
 from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
@@ -130,7 +133,7 @@ class Budget:
 
     def q(self, captions, low: torch.Tensor) -> torch.Tensor:
         """The drafter's pooled mass of each low-res token given the ones before it, at every high-res child."""
-        logq = teacher_forced(self.pipe.drafter_backbone(self.cfg), captions, low.flatten(1), self.draft_warpers)
+        logq = teacher_forced(self.pipe.drafter_backbone(self.knobs), captions, low.flatten(1), self.draft_warpers)
         return pooled_mass(logq, low.flatten(1), self.pipe.neighbours, self.knobs.pool_k)[:, self.parent]
 
     def ladder(self) -> dict[str, Rung]:
@@ -141,9 +144,9 @@ class Budget:
             images = tokens_to_images(p.tokenizer, own)
             img_low = p.tokenizer.encode(torch.stack([to_tensor(downsample(im, self.r)) for im in images]))
             d_low = p.down(own)
-            drafts = {"": decode_zipar(p.drafter_backbone(cfg), captions, window=self.knobs.draft_window,
+            drafts = {"": decode_zipar(p.drafter_backbone(self.knobs), captions, window=self.knobs.draft_window,
                                        seed=cfg.seed, warpers=self.draft_warpers, image_ids=ids)[0],
-                      "serial ": decode_ar(p.drafter_backbone(cfg), captions, seed=cfg.seed,
+                      "serial ": decode_ar(p.drafter_backbone(self.knobs), captions, seed=cfg.seed,
                                            warpers=self.draft_warpers, image_ids=ids)[0]}
             tests = [("own", own, d_low)]
             tests += [(f"img>U_r {s}", self.ups[s](img_low), img_low) for s in SAMPLER_STAGES]
@@ -269,7 +272,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1 or args.batch < 1:
         ap.error("--n and --batch must be >= 1")
-    from ..config import ConfigError, validate_infer
+    from ..config import ConfigError
+    from ..config.infer import validate_infer
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(InferConfig), OmegaConf.from_dotlist(args.overrides))

@@ -17,9 +17,9 @@ import torch
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers
-from ..ar.backbone import GUIDANCE_SCHEDULES
+from ..config.choices import GUIDANCE_SCHEDULES
 from ..data.synthscenes.vocab import CATEGORIES
-from ..decoding import decode_ar
+from ..decoding.ar import decode_ar
 from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..tokenizer import tokens_to_images
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config, world_radius

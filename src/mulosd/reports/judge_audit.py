@@ -79,7 +79,7 @@ def decode_items(items: list[Item], progress: bool = True) -> list[np.ndarray]:
     from omegaconf import OmegaConf
     from tqdm import tqdm
 
-    from ..config import InferConfig, validate_infer
+    from ..config.infer import InferConfig, validate_infer
     from ..pipeline import Pipeline
 
     base = OmegaConf.structured(InferConfig)

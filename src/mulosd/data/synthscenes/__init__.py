@@ -10,7 +10,7 @@ judge that checks captions against images (GenEval's role).
 from .caption import CaptionError, caption_text, parse_caption
 from .judge import Verdict, judge
 from .render import render
-from .scene import ObjectSpec, Prompt, Scene, realise, sample_prompt, sample_scene
+from .scene import ObjectSpec, Prompt, Scene, realise, sample_prompt, sample_scene, untaught
 
 __all__ = ["CaptionError", "ObjectSpec", "Prompt", "Scene", "Verdict", "caption_text", "judge", "parse_caption",
-           "realise", "render", "sample_prompt", "sample_scene"]
+           "realise", "render", "sample_prompt", "sample_scene", "untaught"]

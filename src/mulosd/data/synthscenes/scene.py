@@ -144,6 +144,23 @@ def sample_prompt(rng: np.random.Generator, category: str | None = None) -> Prom
                   background_texture=_choice(rng, vocab.BACKGROUND_TEXTURES), relation=relation)
 
 
+def untaught(prompt: Prompt) -> str | None:
+    """Why `sample_prompt` never draws a prompt of this composition, or None where it does. The judge reads any
+    prompt the grammar parses, but a model trained on the world has never seen these: a low score says little."""
+    objects, coloured = prompt.objects, [o.colour is not None for o in prompt.objects]
+    if prompt.background is None or prompt.background_texture is None:
+        return "the world's captions always name the background's texture and colour"
+    if len(objects) == 2 and objects[0].shape == objects[1].shape:
+        return "the world's two-object captions name two different shapes"
+    if prompt.category in ("counting", "position") and any(coloured):
+        return f"the world's {prompt.category} captions name no colour"
+    if len(objects) == 2 and coloured[0] != coloured[1]:
+        return "the world's two-object captions colour both objects or neither"
+    if len(objects) == 2 and all(coloured) and objects[0].colour == objects[1].colour:
+        return "the world's colour-attribute captions give the two objects different colours"
+    return None
+
+
 def _cells_for(prompt: Prompt, rng: np.random.Generator) -> list[int]:
     """Distinct grid cells, one per object; a relation puts object 0 strictly on its side of object 1."""
     n = sum(o.count for o in prompt.objects)

@@ -7,13 +7,14 @@ Randomly initialised models in bf16, random latent samplers on a random normalis
 16384 VQ-16 codes throughout. Besides the weights and the KV cache per image (with CFG), measured at batch 1:
 - one AR step (one token against a half-full KV cache);
 - one whole-image verification forward;
-- decoding one image with `ar` and with `mulosd` (r = 2) at forced acceptance rates: the acceptance test is
-  replaced by a coin per drafted token (rate 1.0, 0.97, 0.9), so rejection islands fall at random. The
+- decoding one image with `ar` and with `mulosd` (r = 2, infer.py's knobs: MuLoSDConfig's defaults) at forced
+  acceptance rates: the acceptance test is replaced by a coin per drafted token (rate 1.0, 0.97, 0.9), so
+  rejection islands fall at random. The
   speed-up at a rate is what the loop's structure allows when the verifier accepts that share of the draft.
 
-    python -m mulosd.llamagen.costmodel --device cuda --out docs/gpu_cost   # -> .json + .md
-    python -m mulosd.llamagen.costmodel --size tar1024 --rates ''           # steps and memory only
-    python -m mulosd.llamagen.costmodel --size tiny                          # the harness itself, on CPU
+    python -m mulosd.reports.costmodel --device cuda --out docs/gpu_cost   # -> .json + .md
+    python -m mulosd.reports.costmodel --size tar1024 --rates ''           # steps and memory only
+    python -m mulosd.reports.costmodel --size tiny                          # the harness itself, on CPU
 
 Random weights make the verifier's distribution flat, so sampled tokens and resampling lengths differ from a
 trained model's; latencies and the loop's step structure do not depend on the weights.
@@ -30,9 +31,11 @@ from pathlib import Path
 import torch
 
 from ..ar import ARBackbone, Transformer, Warpers
-from ..decoding import MuLoSDConfig, decode_ar, decode_mulosd
+from ..decoding.ar import decode_ar
+from ..decoding.knobs import MuLoSDConfig
+from ..decoding.mulosd import decode_mulosd
+from ..llamagen.gpt import CAPTION_DIM, CAPTION_SLOTS, VOCAB, gpt_config
 from ..samplers import LatentDownsampler, LatentUpsampler
-from .gpt import CAPTION_DIM, CAPTION_SLOTS, VOCAB, gpt_config
 
 # grid / low: the verifier's and the drafter's tokens per side; slots and caption: the condition prefix;
 # "tiny" and "tar_tiny" exercise the harness in the test suite
@@ -99,7 +102,9 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     codebook = torch.nn.functional.normalize(torch.randn(s["vocab"], 8), dim=-1)
     up = LatentUpsampler(codebook, r, s["width"], s["depth"], head="latent").to(dev).eval()
     down = LatentDownsampler(codebook, r, s["width"], s["depth"]).to(dev).eval()
-    neighbours = torch.zeros(s["vocab"], 1, dtype=torch.long, device=dev)  # unused: acceptance is forced
+    knobs = MuLoSDConfig()  # what infer.py ships
+    # the pool's codes do not matter (acceptance is forced), its size does: the drafter's pooled mass is computed
+    neighbours = torch.zeros(s["vocab"], knobs.pool_k, dtype=torch.long, device=dev)
     warpers = Warpers(1.0, 1000, 1.0)
     bb = lambda m: ARBackbone(m, captions, cfg_scale)  # noqa: E731
     prompt = ["a photo"]
@@ -136,7 +141,7 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
 
             def run(rate=rate, traces=traces):
                 traces.append(decode_mulosd(bb(verifier), bb(drafter), up.up, down.down, prompt, neighbours,
-                                            MuLoSDConfig(radius=1), warpers=warpers, accept=forced(rate))[1])
+                                            knobs, warpers=warpers, accept=forced(rate))[1])
 
             sec = _timed(run, dev, repeats=1)
             t = traces[-1]

@@ -1,0 +1,86 @@
+"""bench.py's schema: which strategies, over which knob values (each strategy's sweep axes in
+decoding/registry.py), on which prompts, and the infer config every point starts from. Imports no torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from ..decoding.knobs import knob
+from ..decoding.registry import STRATEGIES
+from . import ConfigError, check_keys, one_of, require, with_overrides
+from .choices import RATIOS
+from .infer import InferConfig, validate_infer
+
+
+@dataclass
+class BenchConfig:
+    n_prompts: int = knob(64, "prompts of the held-out prompt set")
+    prompt_seed: int = knob(4242, "the world seed of that prompt set (mulosd.eval.prompt_set)")
+    seed: int = knob(0, "the decoding seed")
+    mode: str = knob("latency", "latency: the table against ar at batch_size | throughput: images/s at each batch")
+    compile: bool = knob(False, "also measure every point with infer.compile=true, interleaved with the eager one, "
+                                "and print the per-step table against the roofline")
+    batch_size: int = knob(1, "prompts per decode (1: latency as the paper measures it)")
+    throughput_batches: list[int] = field(default_factory=lambda: [1, 8, 32],
+                                          metadata={"help": "mode=throughput: the batch sizes"})
+    strategies: list[str] = field(default_factory=lambda: [s for s in STRATEGIES if s != "ar"],
+                                  metadata={"help": "the strategies measured against ar (always measured)"})
+    # the sweep axes of decoding/registry.py (an empty list: the infer value, infer.KEY)
+    rs: list[int] = field(default_factory=lambda: [2, 4], metadata={"help": "mulosd: the values of r"})
+    taus: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.5],
+                              metadata={"help": "mulosd: the values of tau (0.5: infer.py's default)"})
+    radii: list[int] = field(default_factory=lambda: [1], metadata={"help": "mulosd: the values of radius"})
+    windows: list[int] = field(default_factory=list, metadata={"help": "zipar: its windows (empty: infer.window)"})
+    variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={
+        "help": "MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}"})
+    fd: bool = knob(True, "FD-VGG against the world's renders of the same prompts")
+    metrics: list[str] = field(default_factory=list, metadata={
+        "help": "real metrics where their weights exist: fid, clip, hpsv2"})
+    metrics_weights: dict[str, str] = field(default_factory=dict, metadata={"help": "metric -> local weights file"})
+    resume: bool = knob(True, "continue RUN/cells.jsonl instead of starting over")
+    out_dir: str | None = knob("outputs/bench", "the run's folder (null: Hydra's run directory)")
+    infer: InferConfig = field(default_factory=InferConfig, metadata={
+        "help": "models, sampling and every strategy's knobs, as infer.py takes them (infer.KEY=...)"})
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
+
+
+def validate_bench(cfg: DictConfig) -> None:
+    check_keys(cfg, BenchConfig)
+    require(cfg.n_prompts >= 1, "n_prompts", f"must be >= 1, got {cfg.n_prompts}")
+    for key in ("seed", "prompt_seed"):
+        require(cfg[key] >= 0, key, f"must be >= 0, got {cfg[key]}")
+    require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    one_of(cfg.mode, ("latency", "throughput"), "mode")
+    require(len(cfg.throughput_batches) > 0 and all(b >= 1 for b in cfg.throughput_batches), "throughput_batches",
+            f"must be batch sizes >= 1, got {list(cfg.throughput_batches)}")
+    for s in cfg.strategies:
+        one_of(s, tuple(n for n in STRATEGIES if n != "ar"), "strategies")  # ar is always measured
+    for r in cfg.rs:
+        one_of(r, RATIOS, "rs")
+    for t in cfg.taus:
+        require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
+    for m in cfg.metrics:
+        one_of(m, ("fid", "clip", "hpsv2"), "metrics")
+    try:
+        validate_infer(cfg.infer)
+    except ConfigError as e:
+        raise ConfigError("infer." + e.key, str(e).split(": ", 1)[1]) from None
+    for strategy in STRATEGIES.values():  # each swept value as infer.py would take it
+        for axis in strategy.sweep:
+            for value in cfg[axis.values]:
+                try:
+                    validate_infer(with_overrides(cfg.infer, {axis.key: value}))
+                except ConfigError as e:
+                    raise ConfigError(axis.values, str(e).split(": ", 1)[1]) from None
+    for name, overrides in cfg.variants.items():
+        try:
+            validate_infer(with_overrides(cfg.infer, overrides))
+        except ConfigError as e:
+            raise ConfigError(f"variants.{name}.{e.key}", str(e).split(": ", 1)[1]) from None

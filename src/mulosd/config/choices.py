@@ -1,0 +1,10 @@
+"""The named choices the schemas check against and the code dispatches on: one place, no imports (so that the
+models and the torch-free schemas read the same tuple)."""
+
+RATIOS = (2, 4)  # r: the verifier's grid over the drafter's
+SAMPLER_STAGES = ("token_ce", "mse_lpips", "gan")  # the up-sampler's loss stages, in training order
+GUIDANCE_SCHEDULES = ("constant", "linear")  # the guidance scale along the raster (ar/backbone.py)
+BACKBONES = ("synthscenes", "llamagen_t2i", "tar")
+WANDB_MODES = ("online", "offline", "disabled")
+LOGGERS = ("wandb", "csv", "none")
+TASKS = ("fit", "inspect_data", "export")

@@ -1,0 +1,158 @@
+"""infer.py's schema: the run's models and prompts, sampling, and every strategy's knobs.
+
+The decoding knobs are not written here: `InferConfig` is `InferOptions` plus one field per command-line key of
+the strategies' knob dataclasses (decoding/knobs.py), with their defaults and help, so a knob has one default
+and one range check, and a new knob is on the command line by being in its dataclass. Imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, make_dataclass
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig
+
+from ..decoding.knobs import KnobError, command_line_knobs, from_config, knob
+from ..decoding.registry import STRATEGIES, STRATEGY_NAMES
+from . import ConfigError, check_keys, one_of, require
+from .choices import BACKBONES, GUIDANCE_SCHEDULES, RATIOS, SAMPLER_STAGES, WANDB_MODES
+
+DECODINGS = (*STRATEGY_NAMES, "reference")  # reference: the world's own rendering of each prompt
+
+
+@dataclass
+class InferModelsConfig:
+    """Zoo names or exported directories; None = the shipped SynthScenes model for this r / stage."""
+
+    tokenizer: str = knob("synthscenes_vq_f8", "the VQ tokenizer every model was trained on")
+    verifier: str = knob("synthscenes_ar_v2", "the high-res AR model M_p (every strategy's)")
+    drafter: str | None = knob(None, "mulosd's low-res drafter M_q (null: the verifier itself where it draws at "
+                                     "128/r px, as at r=2, else synthscenes_ar_{128/r})")
+    small: str = knob("synthscenes_ar_128_small", "sd / lantern's same-resolution drafter")
+    up: str | None = knob(None, "the up-sampler U_r (null: synthscenes_up{r}_{stage})")
+    down: str | None = knob(None, "the down-sampler D_r (null: synthscenes_down{r})")
+
+
+@dataclass
+class LlamaGenConfig:
+    """backbone=llamagen_t2i: where upstream's checkpoint files are (see mulosd.llamagen.checkpoints)."""
+
+    ckpt_dir: str | None = knob(None, "its files (null: ~/.cache/mulosd/llamagen, or $MULOSD_LLAMAGEN_DIR)")
+    t5: str = knob("google/flan-t5-xl", "the T5 text encoder: a hub name in the local cache, or a directory")
+    download: bool = knob(True, "fetch missing files from the hub when it is reachable")
+    dtype: str = knob("bfloat16", "float32 | bfloat16 (GPU)")
+
+
+@dataclass
+class TarConfig:
+    """backbone=tar: Tar's files (see mulosd.tar.checkpoints) and its LLM stage."""
+
+    ckpt_dir: str | None = knob(None, "its files (null: ~/.cache/mulosd/tar, or $MULOSD_TAR_DIR)")
+    resolution: int = knob(512, "the AR-DTok verifier: 512 (r=2) | 1024 (r=4); the drafter is the 256 px one")
+    llm: str = knob("csuhan/Tar-1.5B", "a hub repository (csuhan/Tar-7B-v0.1 too), or a directory")
+    scale: int = knob(0, "the LLM's <S{scale}>: 0 | 1 | 2 -> 729 | 169 | 81 TA-Tok ids per image")
+    features: str | None = knob(None, "a .pt file of saved TA-Tok ids ([n], one set for every prompt, or "
+                                      "[prompts, n]): skips the LLM")
+    download: bool = knob(True, "fetch missing files from the hub when it is reachable")
+    dtype: str = knob("bfloat16", "float32 | bfloat16 (GPU)")
+
+
+@dataclass
+class InferOptions:
+    """Everything of an infer run but the strategies' own knobs (see the module docstring)."""
+
+    backbone: str = knob("synthscenes", "synthscenes (the shipped zoo) | llamagen_t2i (upstream weights, r=2) | tar")
+    device: str = knob("cpu", "cpu | cuda")
+    compile: bool = knob(False, "the backbone's decode step through torch.compile (inductor; static shapes, token "
+                                "counts padded to buckets): compiled once per process and shape at the first "
+                                "decode, which bench.py and compare=true leave out of their timings")
+    devices: int = knob(1, "> 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)")
+    prompt: str | None = knob("a dotted cyan cross and a striped blue circle on a photographic yellow background",
+                              "the prompt (chosen by scripts/demo_prompt.py: docs/results.md)")
+    prompts: list[str] = field(default_factory=list, metadata={"help": "used instead of `prompt` when given"})
+    prompt_file: str | None = knob(None, "one caption per line; used instead of both when given")
+    seed: int = knob(0, "image i of a run is decoded with the noise keyed by (seed, i)")
+    batch_size: int = knob(8, "prompts decoded together")
+    decoding: str = knob("mulosd", " | ".join(DECODINGS))
+    compare: bool = knob(False, "also decode with ar from the same seed: the speed-up and both judge results")
+    compare_repeats: int = knob(3, "compare=true: timed runs of each, interleaved after a warm-up; the median ratio")
+    threads: int | None = knob(None, "torch's CPU threads (null: torch's default, one per core); timed "
+                                      "comparisons report what they ran with")
+    out_dir: str | None = knob(None, "where images, maps and verdicts go (null: Hydra's run directory)")
+    size: int = knob(128, "decoding=reference only (the models fix the size otherwise)")
+    # sampling: where unset, the verifier's recorded defaults (pipeline.sampling resolves them)
+    cfg_scale: float | None = knob(None, "the guidance scale (null: the verifier's recorded one)")
+    cfg_schedule: str | None = knob(None, "constant | linear: the guidance scale along the raster, every model's "
+                                          "(null: the verifier's recorded one)")
+    temperature: float | None = knob(None, "the sampling temperature (null: the verifier's recorded one)")
+    top_k: int | None = knob(None, "sample among the k most likely codes, 0: all (null: the verifier's recorded)")
+    top_p: float | None = knob(None, "nucleus sampling mass (null: the verifier's recorded one)")
+    # MuLo-SD's models (its decoding knobs are MuLoSDConfig's)
+    r: int = knob(2, "the verifier's grid over the drafter's: 2 | 4")
+    upsampler: str = knob("latent", "latent: the trained U_r | pixel: decode, resize (sr), re-encode")
+    stage: str = knob("gan", "the latent up-sampler's loss stage: " + " | ".join(SAMPLER_STAGES))
+    sr: str = knob("bicubic", "upsampler=pixel: bicubic | lanczos")
+    models: InferModelsConfig = field(default_factory=InferModelsConfig, metadata={"help": "the models"})
+    llamagen: LlamaGenConfig = field(default_factory=LlamaGenConfig, metadata={"help": "backbone=llamagen_t2i"})
+    tar: TarConfig = field(default_factory=TarConfig, metadata={"help": "backbone=tar"})
+    wandb: str = knob("disabled", "disabled | offline | online: log the run's summary (what sweeps optimise)")
+    wandb_project: str = knob("mulosd", "the W&B project")
+
+
+KNOBS = command_line_knobs(s.config for s in STRATEGIES.values() if s.config is not None)
+InferConfig = make_dataclass(
+    "InferConfig", [(key, kind, knob(default, help)) for key, (kind, default, help) in KNOBS.items()],
+    bases=(InferOptions,))
+InferConfig.__module__ = __name__
+InferConfig.__doc__ = "infer.py's options: InferOptions and every strategy's knobs (decoding/knobs.py)."
+assert not {f.name for f in fields(InferOptions)} & set(KNOBS), "a knob belongs to its strategy, not to InferOptions"
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="infer_schema", node=InferConfig)
+
+
+def validate_infer(cfg: DictConfig) -> None:
+    check_keys(cfg, InferConfig)
+    one_of(cfg.decoding, DECODINGS, "decoding")
+    one_of(cfg.backbone, BACKBONES, "backbone")
+    one_of(cfg.device, ("cpu", "cuda"), "device")
+    require(cfg.devices >= 1, "devices", f"must be >= 1, got {cfg.devices}")
+    require(cfg.devices == 1 or not cfg.compare, "compare", "compare=true decodes on one device (devices=1)")
+    require(cfg.compare_repeats >= 1, "compare_repeats", f"must be >= 1, got {cfg.compare_repeats}")
+    require(cfg.threads is None or cfg.threads >= 1, "threads", f"must be >= 1, got {cfg.threads}")
+    require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
+    one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
+    require(cfg.backbone != "llamagen_t2i" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
+            "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar, sjd or "
+            "mulosd (no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
+    one_of(cfg.tar.dtype, ("float32", "bfloat16"), "tar.dtype")
+    one_of(cfg.tar.resolution, (512, 1024), "tar.resolution")
+    one_of(cfg.tar.scale, (0, 1, 2), "tar.scale")
+    if cfg.backbone == "tar":
+        require(cfg.decoding not in ("sd", "lantern", "reference"), "decoding",
+                "tar decodes with ar, zipar, sjd or mulosd (no same-resolution AR-DTok drafter is released)")
+        require(cfg.r == cfg.tar.resolution // 256, "r", f"tar at {cfg.tar.resolution} px over the 256 px drafter "
+                f"is r={cfg.tar.resolution // 256}, got r={cfg.r}")
+    require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")
+    require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
+    require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "
+            "prompt_file=")
+    one_of(cfg.r, RATIOS, "r")
+    one_of(cfg.upsampler, ("latent", "pixel"), "upsampler")
+    one_of(cfg.stage, SAMPLER_STAGES, "stage")
+    one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
+    for knobs in {s.config for s in STRATEGIES.values() if s.config is not None}:  # every strategy's own checks
+        try:
+            from_config(knobs, cfg)
+        except KnobError as e:
+            raise ConfigError(e.key, e.detail) from None
+    # the command line keeps tau a threshold on a probability; MuLoSDConfig also takes tau > 1 (reject every draft)
+    require(cfg.tau <= 1, "tau", f"must be in [0, 1], got {cfg.tau}")
+    if cfg.cfg_schedule is not None:
+        one_of(cfg.cfg_schedule, GUIDANCE_SCHEDULES, "cfg_schedule")
+    require(cfg.cfg_scale is None or cfg.cfg_scale >= 0, "cfg_scale", f"must be >= 0, got {cfg.cfg_scale}")
+    require(cfg.temperature is None or cfg.temperature >= 0, "temperature", "must be >= 0")
+    require(cfg.top_k is None or cfg.top_k >= 0, "top_k", "must be >= 0")
+    require(cfg.top_p is None or 0 < cfg.top_p <= 1, "top_p", "must be in (0, 1]")
+    one_of(cfg.wandb, WANDB_MODES, "wandb")

@@ -1,0 +1,99 @@
+"""The decoding strategies, one entry each, and each entry the whole recipe: its name, its knobs (a dataclass of
+knobs.py), how it decodes, what it drafts with, its progress units and the knobs bench.py sweeps.
+
+Adding a strategy is its module under decoding/ (the decode function), its knob dataclass in knobs.py and one
+entry in STRATEGIES: infer.py's schema, validation and --help, bench.py's grid, the pipeline, the notebook and
+the tests all loop over this dict. It imports no torch: each `run` imports its decoder when it is called, so that
+the schemas can read the registry without loading torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .knobs import MuLoSDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A knob bench.py sweeps: the infer key it sets, the bench key listing its values (an empty list: not swept,
+    the infer value) and how a value appears in the point's name."""
+
+    key: str
+    values: str
+    label: str  # a format for one value, e.g. "tau{:g}"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A decoding strategy as everything around the decoders sees it."""
+
+    name: str
+    run: Callable  # (pipeline, cfg, captions, common keyword arguments) -> (tokens [B, G, G], Trace)
+    units: Callable[[Any, int], int]  # progress-bar units per batch at verifier grid G (cfg: its infer config)
+    config: type | None = None  # the dataclass of its own knobs (None: it has none)
+    drafts_with: str | None = None  # the extra model it drafts with: "drafter" (low-res MuLo-SD) or "small"
+    sweep: tuple[Axis, ...] = ()  # bench.py's axes, in the order its point names list them
+
+
+def run_ar(p, cfg, captions: list[str], common: dict):
+    from .ar import decode_ar
+
+    return decode_ar(p.backbone(compile=cfg.compile), captions, **common)
+
+
+def run_zipar(p, cfg, captions: list[str], common: dict):
+    from .zipar import decode_zipar
+
+    return decode_zipar(p.backbone(compile=cfg.compile), captions, window=from_config(ZipARConfig, cfg).window,
+                        **common)
+
+
+def run_sd(p, cfg, captions: list[str], common: dict):
+    return _speculative(p, cfg, captions, common, "exact")
+
+
+def run_lantern(p, cfg, captions: list[str], common: dict):
+    return _speculative(p, cfg, captions, common, "lantern")
+
+
+def _speculative(p, cfg, captions: list[str], common: dict, acceptance: str):
+    from .sd import decode_sd
+
+    knobs = from_config(SDConfig, cfg, acceptance=acceptance)
+    return decode_sd(p.backbone(compile=cfg.compile), p.backbone("small", compile=cfg.compile), captions, knobs,
+                     neighbours=p.neighbours, **common)
+
+
+def run_sjd(p, cfg, captions: list[str], common: dict):
+    from .sjd import decode_sjd
+
+    return decode_sjd(p.backbone(compile=cfg.compile), captions, from_config(SJDConfig, cfg), **common)
+
+
+def run_mulosd(p, cfg, captions: list[str], common: dict):
+    from .mulosd import decode_mulosd
+
+    knobs = from_config(MuLoSDConfig, cfg)
+    return decode_mulosd(p.backbone(compile=cfg.compile), p.drafter_backbone(knobs, compile=cfg.compile), p.up,
+                         p.down, captions, p.neighbours, knobs, **common)
+
+
+def _tokens(cfg, G: int) -> int:
+    return G * G  # ar: one token a step; sd, lantern, sjd: a bound (each step commits at least one token)
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ar", run_ar, units=_tokens),
+    Strategy("zipar", run_zipar, units=lambda cfg, G: G + (G - 1) * cfg.window, config=ZipARConfig,
+             sweep=(Axis("window", "windows", "s{}"),)),
+    Strategy("sd", run_sd, units=_tokens, config=SDConfig, drafts_with="small"),
+    Strategy("lantern", run_lantern, units=_tokens, config=SDConfig, drafts_with="small"),
+    Strategy("sjd", run_sjd, units=_tokens, config=SJDConfig),
+    Strategy("mulosd", run_mulosd, units=lambda cfg, G: -(-G // cfg.r // cfg.draft_rows), config=MuLoSDConfig,
+             drafts_with="drafter",
+             sweep=(Axis("r", "rs", "r{}"), Axis("tau", "taus", "tau{:g}"), Axis("radius", "radii", "l{}"))),
+)}
+STRATEGY_NAMES = tuple(STRATEGIES)  # in the order tables list them
