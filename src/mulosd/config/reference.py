@@ -96,8 +96,8 @@ def render() -> str:
         if strategy.config is None:
             lines += [f"`{name}`: no knobs of its own.", ""]
         elif strategy.config in done:
-            lines += [f"`{name}`: the knobs of `{next(n for n, s in STRATEGIES.items() if s.config is strategy.config)}`"
-                      ".", ""]
+            owner = next(n for n, s in STRATEGIES.items() if s.config is strategy.config)
+            lines += [f"`{name}`: the knobs of `{owner}`.", ""]
         else:
             done.add(strategy.config)
             lines += [f"`{name}` ({strategy.config.__doc__.splitlines()[0]})", "", *HEADER,
