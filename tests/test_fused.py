@@ -147,3 +147,31 @@ def test_models_it_does_not_cover_fall_back_to_the_graph():
     fused = FusedStep.for_model(Transformer(CFG), 1.0)
     with pytest.raises(ValueError, match="at most"):
         fused(torch.zeros(1, 5, dtype=torch.long), torch.zeros(1, 5, dtype=torch.long), KVCache(CFG, 1))
+
+
+def test_a_failed_build_is_logged_once_with_the_compilers_message(tmp_path, monkeypatch, caplog):
+    from mulosd.ar import fused
+
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\necho 'fused_step.c:1:1: error: no vector unit here' >&2\nexit 1\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setattr(fused, "USER_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(fused, "_LIB", None)
+    with caplog.at_level("WARNING", logger="mulosd.ar.fused"):
+        assert fused.library() is None and fused.library() is None  # the second call does not build again
+    said = [r.getMessage() for r in caplog.records if "did not build" in r.getMessage()]
+    assert len(said) == 1 and "no vector unit here" in said[0] and "exited 1" in said[0], said
+
+
+def test_coverage_is_what_the_c_step_computes():
+    from mulosd.ar.fused import REQUIREMENTS, FusedStep
+
+    def model(**kw):
+        torch.manual_seed(0)
+        return Transformer(TransformerConfig(**{"vocab_size": 64, "grid": 4, "dim": 32, "layers": 1, "heads": 2,
+                                                "cond_dim": 8} | kw)).eval()
+
+    assert all(holds(model()) for _, holds in REQUIREMENTS)
+    assert not dict(REQUIREMENTS)["float32 weights on the CPU"](model().double())
+    assert FusedStep.for_model(model(vocab_size=63), 2.0) is None  # the vocabulary's vector width

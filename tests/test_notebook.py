@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow  # end to end: real interpreters, real training or
 def test_walkthrough_notebook_runs_and_draws_every_step(tiny_zoo, monkeypatch):
     overrides = [f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tiny_zoo / 'ar128'}",
                  f"models.drafter={tiny_zoo / 'ar64'}", f"models.up={tiny_zoo / 'up'}",
-                 f"models.down={tiny_zoo / 'down'}", "tau=0.05"]
+                 f"models.down={tiny_zoo / 'down'}", f"models.small={tiny_zoo / 'small'}", "tau=0.05"]
     monkeypatch.setenv("MULOSD_NOTEBOOK_MODELS", json.dumps(overrides))
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(ROOT / "notebooks" / "walkthrough.ipynb", as_version=4)

@@ -7,15 +7,17 @@ call per operator (docs/results.md). The C step reads each weight matrix once fo
 and does the rest of the layer in the same pass.
 
 The library is built on first use with the machine's C compiler for the machine's own instruction set
-(`-march=native`) into ~/.cache/mulosd/ (keyed by the source, the flags and the CPU), and loaded with ctypes;
-where there is no compiler, or for a model it does not cover (GPU, non-fp32, learned positions, biases),
-`FusedStep.for_model` returns None and the backbone uses the inductor graph instead.
+(`-march=native`) into paths.USER_CACHE (keyed by the source, the flags and the CPU), and loaded with ctypes;
+a failed build is logged once with the compiler's message. Where there is no library, or for a model that does
+not meet REQUIREMENTS (what the C code computes), `FusedStep.for_model` returns None and the backbone uses the
+inductor graph instead.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -25,9 +27,12 @@ from pathlib import Path
 
 import torch
 
+from ..paths import USER_CACHE
 from .noise import GUMBEL
 from .sampling import Warpers
 from .transformer import KVCache, Transformer
+
+log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("fused_step.c")
 # no fast-math: the vector loops are written out (fused_step.c), and the draw must round as the library does
@@ -37,6 +42,22 @@ FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]
 MAX_TOKENS = 4  # per row: wider writes (verification of long drafts) go to the inductor graph
 MAX_INPUTS = 16  # rows x tokens, guidance's null rows included: larger batches go to the inductor graph
 _LIB: ctypes.CDLL | None | bool = None  # False: the build failed once in this process
+
+
+def _hidden(model: Transformer) -> int:
+    return model.blocks[0].mlp.down.weight.shape[1]
+
+
+# What the C step computes (fused_step.c), each a test on the model: a model that passes all of them decodes the
+# same through it as through the graph (tests/test_fused.py), any other runs the graph.
+REQUIREMENTS = (
+    ("rotary positions", lambda m: m.cfg.positions == "rope"),
+    ("float32 weights on the CPU", lambda m: m.rope.dtype == torch.float32 and all(
+        p.device.type == "cpu" and p.dtype == torch.float32 for p in m.parameters())),
+    ("bias-free layers", lambda m: all(getattr(x, "bias", None) is None for b in m.blocks for x in b.modules())),
+    ("widths of whole vectors (dim, head and hidden sizes in 8s, vocabulary in 4s)", lambda m: not (
+        m.cfg.dim % 8 or (m.cfg.dim // m.cfg.heads) % 8 or _hidden(m) % 8 or m.cfg.vocab_size % 4)),
+)
 
 
 class _Model(ctypes.Structure):
@@ -67,16 +88,19 @@ def library() -> ctypes.CDLL | None:
 def _build() -> ctypes.CDLL | None:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None or platform.system() != "Linux":
+        log.info("compile=true: no C compiler (or not Linux), so the decode step runs as an inductor graph")
         return None
     key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_tag().encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mulosd"
-    so = cache / f"fused_step-{key}.so"
+    so = USER_CACHE / f"fused_step-{key}.so"
     if not so.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half a library
+        USER_CACHE.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=USER_CACHE) as tmp:  # built aside, then renamed: never half a library
             out = Path(tmp) / so.name
             r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(out), "-lm"], capture_output=True, text=True)
-            if r.returncode != 0:
+            if r.returncode != 0:  # once per process (library() remembers): the compiler's own first lines
+                message = " | ".join((r.stderr or r.stdout).strip().splitlines()[:3])
+                log.warning(f"the C decode step did not build ({cc} exited {r.returncode}: {message}); compile=true "
+                            "runs the inductor graph instead")
                 return None
             os.replace(out, so)
     lib = ctypes.CDLL(str(so))
@@ -115,7 +139,7 @@ class FusedStep:
         self._keep |= {"attn_norm": [b.attn_norm.weight for b in blocks],
                        "mlp_norm": [b.mlp_norm.weight for b in blocks]}
         self._arrays = {k: _ptrs(v) for k, v in self._keep.items()}
-        self.hidden = blocks[0].mlp.down.weight.shape[1]
+        self.hidden = _hidden(model)
         self.vocab = cfg.vocab_size
         self.struct = _Model(cfg.dim, cfg.heads, self.hidden, cfg.vocab_size, cfg.slots, cfg.layers, int(half),
                              blocks[0].attn_norm.eps, model.tok_emb.weight.data_ptr(), model.rope.data_ptr(),
@@ -129,12 +153,9 @@ class FusedStep:
     @classmethod
     def for_model(cls, model: Transformer, cfg_scale: float) -> FusedStep | None:
         """The fused step for this model, or None where it does not apply (then the inductor graph runs)."""
-        cfg, params = model.cfg, list(model.parameters())
-        hidden = model.blocks[0].mlp.down.weight.shape[1]
-        if (cfg.positions != "rope" or any(p.device.type != "cpu" or p.dtype != torch.float32 for p in params)
-                or any(getattr(m, "bias", None) is not None for b in model.blocks for m in b.modules())
-                or model.rope.dtype != torch.float32  # the vector loops' widths:
-                or cfg.dim % 8 or (cfg.dim // cfg.heads) % 8 or hidden % 8 or cfg.vocab_size % 4):
+        missing = [what for what, holds in REQUIREMENTS if not holds(model)]
+        if missing:
+            log.debug(f"the C decode step does not cover this model: it needs {', '.join(missing)}")
             return None
         lib = library()
         return None if lib is None else cls(lib, model, cfg_scale)

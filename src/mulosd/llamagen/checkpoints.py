@@ -18,10 +18,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..atomic import atomic_path
+from ..paths import LLAMAGEN_DIR
 
 HF_REPO = "peizesun/llamagen_t2i"
 VQ_FILE, STAGE1_FILE, STAGE2_FILE = "vq_ds16_t2i.pt", "t2i_XL_stage1_256.pt", "t2i_XL_stage2_512.pt"
-DEFAULT_DIR = Path(os.environ.get("MULOSD_LLAMAGEN_DIR", Path.home() / ".cache" / "mulosd" / "llamagen"))
+DEFAULT_DIR = LLAMAGEN_DIR
 
 
 class MissingCheckpoints(FileNotFoundError):

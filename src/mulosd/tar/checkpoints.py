@@ -9,11 +9,12 @@ from pathlib import Path
 
 from ..llamagen.checkpoints import HF_REPO as LLAMAGEN_REPO
 from ..llamagen.checkpoints import VQ_FILE, MissingCheckpoints, locate
+from ..paths import TAR_DIR
 from .ar_dtok import FILES
 from .ta_tok import FILE as TA_TOK_FILE
 
 TA_TOK_REPO = "csuhan/TA-Tok"
-DEFAULT_DIR = Path(os.environ.get("MULOSD_TAR_DIR", Path.home() / ".cache" / "mulosd" / "tar"))
+DEFAULT_DIR = TAR_DIR
 SETTING = "tar.ckpt_dir or $MULOSD_TAR_DIR"
 
 __all__ = ["DEFAULT_DIR", "MissingCheckpoints", "TA_TOK_REPO", "files", "locate_tar"]

@@ -1,0 +1,32 @@
+"""The conditions a timing runs under: torch's CPU threads, chosen deliberately, and whether other work shares the
+cores. On a machine running more than its cores, torch's threads wait on each other and timings of the same
+decode can differ several-fold (docs/results.md); a ratio measured interleaved still holds better than either
+time, but neither is a measurement of the method alone."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def use_threads(threads: int | None) -> int:
+    """Set torch's CPU threads where `threads` is given (else keep torch's default, one per core); the count."""
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def conditions(threads: int | None) -> tuple[str, str | None]:
+    """(what a timing runs with, a warning when the machine is busier than its cores or None)."""
+    n, load, c = use_threads(threads), os.getloadavg()[0], cores()
+    text = f"timed with {n} torch thread{'s' * (n != 1)} on {c} cores (load {load:.1f})"
+    busy = None
+    if load > c:
+        busy = (f"the machine is busier than its cores (load {load:.1f} on {c}): timings may not hold; threads=1 "
+                "suffers least from the contention, and only a ratio measured side by side means much")
+    return text, busy
