@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config.choices import GUIDANCE_SCHEDULES
+from ..choices import GUIDANCE_SCHEDULES
 from .fused import FusedStep
 from .sampling import Warpers, draw
 from .transformer import KVCache, Transformer

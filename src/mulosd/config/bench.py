@@ -9,10 +9,10 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from ..choices import RATIOS
 from ..decoding.knobs import knob
 from ..decoding.registry import STRATEGIES
 from . import ConfigError, check_keys, one_of, require, with_overrides
-from .choices import RATIOS
 from .infer import InferConfig, validate_infer
 
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
+from ..choices import BACKBONES, GUIDANCE_SCHEDULES, RATIOS, SAMPLER_STAGES, WANDB_MODES
 from ..decoding.knobs import KnobError, command_line_knobs, from_config, knob
 from ..decoding.registry import STRATEGIES, STRATEGY_NAMES
 from . import ConfigError, check_keys, one_of, require
-from .choices import BACKBONES, GUIDANCE_SCHEDULES, RATIOS, SAMPLER_STAGES, WANDB_MODES
 
 DECODINGS = (*STRATEGY_NAMES, "reference")  # reference: the world's own rendering of each prompt
 

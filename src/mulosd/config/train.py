@@ -12,11 +12,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from ..ar.transformer import TransformerConfig
+from ..choices import GUIDANCE_SCHEDULES, LOGGERS, RATIOS, SAMPLER_STAGES, TASKS, WANDB_MODES
 from ..data.synthscenes import vocab
 from ..losses.image_loss import ImageLossConfig
 from ..tokenizer.vq import VQConfig
 from . import check_keys, one_of, require
-from .choices import GUIDANCE_SCHEDULES, LOGGERS, RATIOS, SAMPLER_STAGES, TASKS, WANDB_MODES
 
 
 @dataclass

@@ -40,7 +40,7 @@ from skimage import color as skcolor
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers, warp
-from ..config.choices import SAMPLER_STAGES
+from ..choices import SAMPLER_STAGES
 from ..config.infer import InferConfig
 from ..data.images import downsample, to_tensor
 from ..data.synthscenes.judge import OBJECT_MIN_SATURATION, OBJECT_MIN_VALUE

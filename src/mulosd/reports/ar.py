@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from ..ar import ARBackbone, Warpers
-from ..config.choices import GUIDANCE_SCHEDULES
+from ..choices import GUIDANCE_SCHEDULES
 from ..data.synthscenes.vocab import CATEGORIES
 from ..decoding.ar import decode_ar
 from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders

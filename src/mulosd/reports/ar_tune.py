@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from ..config.choices import GUIDANCE_SCHEDULES
+from ..choices import GUIDANCE_SCHEDULES
 from ..eval import EVAL_SEED, prompt_set
 from ..zoo import TOKENIZER, annotate, read_config, resolve
 from .ar import evaluate

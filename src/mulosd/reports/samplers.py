@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..config.choices import SAMPLER_STAGES
+from ..choices import SAMPLER_STAGES
 from ..data.images import downsample, to_image, to_tensor
 from ..data.synthscenes import judge, render, sample_scene, vocab
 from ..data.synthscenes.judge import falsify
