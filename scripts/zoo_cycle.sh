@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Zoo v2's AR model in training cycles that each fit one session of this machine (docs/zoo_v2.md): a session
+# Zoo v2's AR model in training cycles that each fit one session of this machine (docs/log.md, zoo v2): a session
 # lasts three hours and the machine, with every run directory outside the repository, may be replaced between
 # sessions, so a schedule longer than a session is never finished. Each cycle is a whole schedule (warm-up,
 # cosine decay) on the recipe of record (experiment=zoo_ar_v2) over 96 shards of fresh scenes (cycle N trains on
@@ -22,11 +22,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_cycles}
-BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/zoo_v2.md)
+BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/log.md, zoo v2)
 STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
 SHARDS=${SHARDS:-$STRIDE}
 # a later cycle starts from a trained model: re-warming it to the recipe's peak knocked its raw weights back for most
-# of the cycle (only the EMA export kept the cycle's gain); a lower peak does not (docs/zoo_v2.md, cycle 6)
+# of the cycle (only the EMA export kept the cycle's gain); a lower peak does not (docs/log.md, zoo v2, cycle 6)
 LR=${LR:-3e-4}
 N=${1:?usage: scripts/zoo_cycle.sh N [INIT_FROM [OVERRIDE ...]]}
 INIT=${2:-}
@@ -76,7 +76,7 @@ PY
     fi
 fi
 # the grid around what cycle 1 picked, the highest guidance it tried, at a constant scale and on the linear ramp
-# (docs/zoo_v2.md)
+# (docs/log.md, zoo v2)
 if [ ! -f "$RUN/tune.txt" ]; then
     # shellcheck disable=SC2086  # the grids are lists of numbers
     "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg ${CFGS:-7 10 14 20} \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The zoo v2 scaling study (docs/zoo_v2.md): short 128 px AR trainings at one CPU budget each, one lever
+# The zoo v2 scaling study (docs/log.md, zoo v2): short 128 px AR trainings at one CPU budget each, one lever
 # changed against the base recipe (world v1's zoo_ar_128 recipe), then GenEval on the fixed held-out prompt set.
 #
 #   scripts/zoo_study.sh [POINT ...]          # default: every point; finished points are skipped

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Zoo v2 after its AR run (docs/zoo_v2.md): the small same-resolution drafter of sd / lantern and the up- and
+# Zoo v2 after its AR run (docs/log.md, zoo v2): the small same-resolution drafter of sd / lantern and the up- and
 # down-samplers (through their three loss stages) retrained on world "big" (the AR's world), then the
 # samplers' report. Each training resumes from its last checkpoint
 # and is skipped once exported, so the script can be killed and rerun at any point.

@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -18,10 +19,27 @@ pytestmark = pytest.mark.slow  # end to end: real interpreters, real training or
 
 
 @pytest.fixture(scope="module")
-def battery(tmp_path_factory):
+def battery(tmp_path_factory, request):
+    """The battery, run once; its progress lines (one per check, with the time so far) are shown as they come,
+    past pytest's capture: it runs for minutes before the first of its tests reports."""
     work = tmp_path_factory.mktemp("battery")
-    r = subprocess.run([sys.executable, "-m", "mulosd.reliability", "--quick", "--work", str(work / "runs"),
-                        "--json", str(work / "battery.json")], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    show = request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled
+    err = (work / "stderr.txt").open("w")  # a file, not a pipe: a full stderr pipe would stall the battery
+    proc = subprocess.Popen([sys.executable, "-m", "mulosd.reliability", "--quick", "--work", str(work / "runs"),
+                             "--json", str(work / "battery.json")], cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                            text=True)
+    watchdog = threading.Timer(900, proc.kill)  # a hung battery fails its tests instead of hanging make test
+    watchdog.start()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("["):
+            with show():
+                print(f"\n  battery {line.rstrip()}", end="", flush=True)
+    proc.wait()
+    watchdog.cancel()
+    err.close()
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), (work / "stderr.txt").read_text())
     report = json.loads((work / "battery.json").read_text()) if (work / "battery.json").is_file() else {}
     return r, report
 

@@ -29,7 +29,7 @@ def guidance_scale(schedule: str, cfg_scale: float, positions: torch.Tensor, n: 
     2 cfg_scale - 1 at the last, so that its mean stays cfg_scale. The linear ramp is VAR's schedule over scales
     laid along the raster, tried because a constant strong scale turns places where the conditional model
     merely allows an object into objects (counting prompts get too many) while a weak one loses colours; on the
-    zoo it measured a small gain at most (docs/zoo_v2.md), so it is a tuning choice.
+    zoo it measured a small gain at most (docs/log.md, zoo v2), so it is a tuning choice.
     -> a float, or [B, k, 1] float32 to broadcast over the vocabulary."""
     if schedule == "constant" or cfg_scale == 1.0:
         return cfg_scale

@@ -164,7 +164,7 @@ class ARModelConfig:
     # the copy validation samples and the export use when there is an EMA: "raw" where the EMA still lags at the
     # end of a short schedule (val/ce against val/ce_raw says which is better; task=export re-exports either)
     export_weights: str = "ema"
-    compile: bool = False  # the training forward and backward through torch.compile (docs/zoo_v2.md measures it)
+    compile: bool = False  # the training forward and backward through torch.compile (docs/log.md, zoo v2 measures it)
     # start from an exported AR model of the same architecture and tokenizer (zoo name or exported directory),
     # or of fewer layers, grown in depth: a new training cycle from a finished one; the optimizer, schedule and
     # EMA start afresh
