@@ -109,3 +109,14 @@ def test_the_first_training_run_trains_and_its_export_decodes(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1].startswith("speedup=")
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/guide.md", "docs/results.md"])
+def test_the_user_documents_tell_no_lab_history(doc):
+    """The history (working sessions, training cycles by number, old and new defaults) is docs/log.md's."""
+    text = (ROOT / doc).read_text()
+    history = re.compile(r"\bsessions?\b|\b(first|second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|"
+                         r"eleventh|twelfth) (session|cycle|period)\b|\bcycle \d\b|\bsince (the|20\d\d)\b|"
+                         r"\bused to\b|\b(old|new|earlier|previous) default\b|\bLatest:", re.I)
+    found = [m.group(0) for m in history.finditer(text)]
+    assert not found, found
