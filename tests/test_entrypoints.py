@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from mulosd.config.infer import DECODINGS
@@ -63,6 +64,18 @@ def test_infer_renders_prompts_that_the_judge_accepts(tmp_path):
         img = np.asarray(Image.open(tmp_path / f"{i:03d}.png"))
         assert img.shape == (128, 128, 3) and judge(img, parse_caption(text)).ok
     assert (tmp_path / "grid.png").is_file()
+
+
+@pytest.mark.parametrize("args", [["infer.py", "--help"], ["infer.py", "draft_rows=0"], ["bench.py", "taus=[3]"],
+                                  ["bench.py", "--help"]])
+def test_help_and_a_config_error_load_no_torch(args, tmp_path):
+    """The schemas, the registry and the knobs are torch-free: asking for help or making a mistake costs no torch
+    import (python -X importtime lists every module imported)."""
+    r = subprocess.run([sys.executable, "-X", "importtime", *args, f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
+    assert imported and not [m for m in imported if m.split(".")[0] == "torch"], r.stderr[-2000:]
+    assert r.returncode == (0 if "--help" in args else 2)
 
 
 def test_infer_help_lists_inference_options_only():
