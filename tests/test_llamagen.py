@@ -183,6 +183,7 @@ def _load(d, **kw):
                          **kw)
 
 
+@pytest.mark.slow
 def test_upstream_files_load_cache_as_safetensors_and_decode_with_every_strategy(llamagen_dir):
     from mulosd.decoding import MuLoSDConfig, SDConfig
     from mulosd.decoding.mulosd import decode_mulosd
@@ -255,6 +256,7 @@ def test_missing_files_are_named_in_one_line(tmp_path):
         locate(["vq_ds16_t2i.pt", "t2i_XL_stage2_512.pt"], tmp_path, download=False)
 
 
+@pytest.mark.slow
 def test_the_real_sampler_recipe_trains_on_a_llamagen_vq16_file(llamagen_dir, tmp_path, tmp_path_factory):
     """`python train.py experiment=upsampler_gan tokenizer=llamagen_vq16 r=2` (two batches, tiny VQ-16, SynthScenes
     shards standing in for LAION-COCO-Aesthetic)."""

@@ -82,6 +82,7 @@ def _quoted_errors() -> list[tuple[list[str], str]]:
     return [(shlex.split(cmd[2:])[1:], err) for cmd, err in zip(block[::2], block[1::2], strict=True)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command, error", _quoted_errors(), ids=lambda x: str(x)[:60])
 def test_the_quoted_error_lines_are_what_the_commands_print(command, error, tmp_path):
     r = subprocess.run([sys.executable, *command, f"hydra.run.dir={tmp_path}"], cwd=ROOT, capture_output=True,

@@ -119,6 +119,7 @@ def _state(path):
     return torch.load(path, weights_only=True, map_location="cpu")
 
 
+@pytest.mark.slow
 def test_gan_warmup_counts_batches(tmp_path, tmp_path_factory, tiny_tokenizer):
     """(Kill-and-resume of every stage is in tests/reliability.)"""
     shards = tmp_path_factory.getbasetemp() / "sampler_shards"
@@ -141,6 +142,7 @@ def test_gan_warmup_counts_batches(tmp_path, tmp_path_factory, tiny_tokenizer):
     assert sorted(p.name for p in (tmp_path / "a" / "checkpoints").glob("*.ckpt")) == ["batch8.ckpt", "last.ckpt"]
 
 
+@pytest.mark.slow
 def test_rerunning_into_a_used_directory_is_refused(tmp_path, tmp_path_factory, tiny_tokenizer):
     shards = tmp_path_factory.getbasetemp() / "sampler_shards"
     args = [*_common(tiny_tokenizer, shards), "model.train.batches=1", "model.train.ckpt_every=1"]
@@ -165,6 +167,7 @@ def test_a_sampler_for_another_tokenizer_is_refused(tmp_path, tiny_tokenizer):
         load_sampler(tmp_path / "up", tokenizer=tmp_path / "other")
 
 
+@pytest.mark.slow
 def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     from mulosd.reports.samplers import main
     from mulosd.zoo import load_tokenizer

@@ -154,6 +154,7 @@ def test_bad_captions_are_refused_with_a_reason(text, needle):
         assert "vocabulary" in str(e.value)
 
 
+@pytest.mark.slow
 def test_judge_accepts_truth_and_rejects_each_falsification():
     rng = np.random.default_rng(0)
     for i in range(60):
@@ -225,6 +226,7 @@ def test_specks_and_blobs_are_no_objects_and_a_hole_makes_a_ring():
     assert [d.shape for d in detect(thick)[0]] == ["ring"]
 
 
+@pytest.mark.slow
 def test_the_judge_keeps_its_verdicts_under_generated_image_defects():
     result = selftest(48, seed=31, sizes=(128,), degradations=("speckled", *SCENE_PERTURBATIONS))
     for kind in ("speckled", *SCENE_PERTURBATIONS):
@@ -241,6 +243,7 @@ def test_the_defects_change_the_image_but_not_its_caption():
         perturbed_render(scene, 128, "melted", np.random.default_rng(0))
 
 
+@pytest.mark.slow
 def test_judge_selftest_meets_the_bar_on_clean_128px():
     result = selftest(120, seed=777, sizes=(128,), degradations=())
     assert result.agreement(128, "clean") >= 0.99

@@ -111,6 +111,7 @@ def _pair(tmp_path, prefix=CLS):
     return verifier, drafter
 
 
+@pytest.mark.slow
 def test_every_strategy_runs_on_a_tiny_tar_pair_and_mulosd_reproduces_ar(tmp_path):
     from mulosd.samplers import LatentDownsampler, LatentUpsampler
     from mulosd.tokenizer.neighbours import neighbour_table
@@ -256,6 +257,7 @@ def _tar_samplers(d):
     save(LatentDownsampler(codebook, 2, 16, 1), "sampler", d / "down", recipe="test", stage="token_ce")
 
 
+@pytest.mark.slow
 def test_the_whole_tar_pipeline_from_a_prompt_to_an_image(tar_dir, monkeypatch, tmp_path, caplog):
     from mulosd import tar
     from mulosd.config import ConfigError

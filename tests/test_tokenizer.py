@@ -68,11 +68,13 @@ def tiny_data(tmp_path_factory):
             "data.synth.size=64"]
 
 
+@pytest.mark.slow
 def test_recipe_fast_dev_run_trains_two_batches(tmp_path, tiny_data):
     r = _train(tmp_path, *tiny_data, "trainer.fast_dev_run=2", "model.loss.disc_start=1")
     assert "trained 2 batches" in r.stdout
 
 
+@pytest.mark.slow
 def test_missing_resume_checkpoint_fails_hard(tmp_path, tiny_data):
     r = subprocess.run([sys.executable, "train.py", "experiment=zoo_tokenizer", f"hydra.run.dir={tmp_path}",
                         *TINY, *tiny_data, f"ckpt_path={tmp_path}/nope.ckpt"], cwd=ROOT, capture_output=True,
@@ -80,6 +82,7 @@ def test_missing_resume_checkpoint_fails_hard(tmp_path, tiny_data):
     assert r.returncode == 2 and "ckpt_path" in r.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (ZOO / "synthscenes_vq_f8").is_dir(), reason="zoo tokenizer not shipped yet")
 def test_shipped_tokenizer_loads_and_reconstructs_fixed_scenes():
     tok = load_tokenizer()
@@ -144,6 +147,7 @@ def test_a_damaged_file_without_a_checksum_is_one_line_not_a_traceback(tmp_path,
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_loading_models_for_decoding_needs_neither_lightning_nor_the_loss_stack():
     code = ("import sys; from mulosd.zoo import load_ar, load_sampler, load_tokenizer; "
             "load_tokenizer(); load_ar('synthscenes_ar_v2'); load_sampler('synthscenes_up2_gan'); "

@@ -52,8 +52,8 @@ def _hidden(model: Transformer) -> int:
 # same through it as through the graph (tests/test_fused.py), any other runs the graph.
 REQUIREMENTS = (
     ("rotary positions", lambda m: m.cfg.positions == "rope"),
-    ("float32 weights on the CPU", lambda m: m.rope.dtype == torch.float32 and all(
-        p.device.type == "cpu" and p.dtype == torch.float32 for p in m.parameters())),
+    ("float32 weights on the CPU", lambda m: all(t.device.type == "cpu" and t.dtype == torch.float32 for t in (
+        *m.parameters(), *([m.rope] if m.rope is not None else [])))),
     ("bias-free layers", lambda m: all(getattr(x, "bias", None) is None for b in m.blocks for x in b.modules())),
     ("widths of whole vectors (dim, head and hidden sizes in 8s, vocabulary in 4s)", lambda m: not (
         m.cfg.dim % 8 or (m.cfg.dim // m.cfg.heads) % 8 or _hidden(m) % 8 or m.cfg.vocab_size % 4)),

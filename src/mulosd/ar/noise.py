@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 MASK32 = 0xFFFFFFFF
-# streams: independent noise for the different uses of one position
-GUMBEL, ACCEPT, DRAFT = 0, 1, 2
+# streams: independent noise for the different uses of one position (COUPLE_*: SJD's maximal coupling, keyed by
+# position and iteration, see decoding/sjd.py)
+GUMBEL, ACCEPT, DRAFT, COUPLE_TEST, COUPLE_DRAW = 0, 1, 2, 3, 4
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -35,6 +35,14 @@ class BenchConfig:
                               metadata={"help": "mulosd: the values of tau (0.5: infer.py's default)"})
     radii: list[int] = field(default_factory=lambda: [1], metadata={"help": "mulosd: the values of radius"})
     windows: list[int] = field(default_factory=list, metadata={"help": "zipar: its windows (empty: infer.window)"})
+    gammas: list[int] = field(default_factory=list, metadata={
+        "help": "sd, lantern: draft lengths (empty: infer.gamma)"})
+    lantern_ks: list[int] = field(default_factory=list, metadata={
+        "help": "lantern: neighbourhood sizes (empty: infer.lantern_k)"})
+    sjd_windows: list[int] = field(default_factory=list, metadata={
+        "help": "sjd: its windows (empty: infer.sjd_window)"})
+    sjd_couplings: list[str] = field(default_factory=list, metadata={
+        "help": "sjd: gumbel | maximal (empty: infer.sjd_coupling)"})
     variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={
         "help": "MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}"})
     fd: bool = knob(True, "FD-VGG against the world's renders of the same prompts")

@@ -74,9 +74,16 @@ class SJDConfig:
     """Speculative Jacobi decoding (ICLR 2025): the verifier drafts for itself."""
 
     window: int = knob(16, "sjd: positions drafted and verified per forward", key="sjd_window")
+    coupling: str = knob("gumbel", "sjd: how a draft past the first rejection is redrawn from its new p: gumbel "
+                                   "(with its position's own noise, so it often stays the same token) | maximal "
+                                   "(kept with probability min(1, p/q), else drawn from the residual: SCD / MC-SJD, "
+                                   "the most a redraw can keep)", key="sjd_coupling")
+
+    COUPLINGS: ClassVar = ("gumbel", "maximal")
 
     def __post_init__(self):
         check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
+        one_of(self.coupling, self.COUPLINGS, "coupling")
 
 
 @dataclass(frozen=True)

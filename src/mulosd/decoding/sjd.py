@@ -10,9 +10,15 @@ again, with q = that p), and the window is refilled at its end: the position aft
 rest uniformly. Every iteration commits at least one token, and speculative sampling is exact for any
 proposal drawn before its test, so the tokens are distributed as plain AR's.
 
+`coupling=maximal` (SCD / MC-SJD, arXiv 2510.24211) redraws the positions after the first rejection by maximal
+coupling instead: a draft is kept with probability min(1, p(x) / q_old(x)), else drawn from the residual, so it
+stays the same token as often as a sample of its new p can (`_coupled`). The default redraw, `gumbel`, already
+couples by reusing the position's own draft noise (SCD's Gumbel coupling). Both are exact.
+
 Noise is keyed by (seed, image, position) on three streams: a position's drafts use its draft noise, its test
 its uniform (which decides its token once: a position is tested with effect only when every earlier one
-passed), and a rejected position's redraw the verifier's noise. Images advance by their own accepted lengths
+passed), and a rejected position's redraw the verifier's noise; the maximal coupling's test and draw have
+streams of their own, keyed by position and iteration. Images advance by their own accepted lengths
 (batch > 1 in lockstep: an image that is done rewrites its last position, a no-op), so an image decodes the
 same alone and in a batch.
 """
@@ -24,7 +30,7 @@ import math
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
-from ..ar.noise import ACCEPT, DRAFT, uniform
+from ..ar.noise import ACCEPT, COUPLE_DRAW, COUPLE_TEST, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import residual
 from .knobs import SJDConfig
@@ -81,15 +87,37 @@ def decode_sjd(backbone: ARBackbone, captions: list[str], cfg: SJDConfig = SJDCo
         # output, anything further uniformly
         extended = torch.cat([p, out[:, L:]], 1)  # p at positions n .. n + L
         source = moved[:, None] + offsets  # index into `extended` of each new window position
-        logq = torch.where((source <= L)[..., None], extended.gather(
+        new_logq = torch.where((source <= L)[..., None], extended.gather(
             1, source.clamp(max=L)[..., None].expand(-1, -1, V)), flat)
-        n = torch.minimum(n + moved, torch.full_like(n, N))
-        drafts = _draw(logq, seed, ids, n[:, None] + offsets)
+        n_next = torch.minimum(n + moved, torch.full_like(n, N))
+        new_drafts = _draw(new_logq, seed, ids, n_next[:, None] + offsets)
+        if cfg.coupling == "maximal":
+            new_drafts = _coupled(new_drafts, new_logq, drafts, logq, source, n, seed, ids, N)
+        drafts, logq, n = new_drafts, new_logq, n_next
         backbone.forget_mask(torch.arange(N, device=device)[None] >= n[:, None])
         if progress is not None:
             progress.update(1)
     trace.steps = steps
     return tokens.view(B, backbone.grid, backbone.grid), trace.stop()
+
+
+def _coupled(drafts: torch.Tensor, logq: torch.Tensor, old: torch.Tensor, old_logq: torch.Tensor,
+             source: torch.Tensor, n: torch.Tensor, seed: int, ids: torch.Tensor, N: int) -> torch.Tensor:
+    """Maximal coupling (SCD / MC-SJD): each new window position that was already drafted (its index in the
+    old window, `source`, < L) keeps its old draft x with probability min(1, p(x) / q_old(x)), and otherwise
+    takes a draw from norm(max(0, p - q_old)). Either way the draft is an exact sample of its new q = p, equal
+    to the old one with probability 1 - TV(p, q_old), the most any coupling keeps; the test and the draw use
+    noise keyed by (position, committed count n), which no later test or draw of the position reuses."""
+    L = old.shape[1]
+    carried = source < L
+    idx = source.clamp(max=L - 1)
+    prev = old.gather(1, idx)  # the old draft at each new position
+    prev_logq = old_logq.gather(1, idx[..., None].expand(-1, -1, logq.shape[-1]))
+    ratio = (logq.gather(-1, prev[..., None]) - prev_logq.gather(-1, prev[..., None]))[..., 0].exp()
+    key = (n[:, None] + source) + N * n[:, None]  # the position, made unique per iteration (n grows)
+    keep = uniform(seed, ids, key, COUPLE_TEST) < ratio.clamp(max=1).double()
+    redrawn = sample(residual(logq, prev_logq), seed, ids, key, stream=COUPLE_DRAW)
+    return torch.where(carried, torch.where(keep, prev, redrawn), drafts)
 
 
 def _draw(logq: torch.Tensor, seed: int, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
