@@ -98,6 +98,10 @@ def test_mulosd_with_compare_writes_images_maps_and_the_speedup_line(tiny_zoo, t
     assert m, last
     median, lo, hi = map(float, m.groups())
     assert lo <= median <= hi
+    # the times printed are the median repeat's: their ratio is the speed-up reported
+    ours, ar = (float(re.search(rf"^{s}: \d+ images in (\d+\.\d\d) s", r.stdout, re.M).group(1))
+                for s in ("mulosd", "ar"))
+    assert abs(ar / ours - median) <= 0.01 + median * 0.01 / min(ours, ar), (ar, ours, median)
     for name in ("000.png", "001.png", "grid.png", "grid_ar.png", "acceptance_000.png"):
         assert (tmp_path / name).is_file(), name
     assert_quiet_logs(r, tmp_path / "h" / "infer.log")

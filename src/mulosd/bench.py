@@ -111,17 +111,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
     log.info(f"bench: {len(points)} points x {len(starts)} batches of {cfg.batch_size} = {len(todo)} decodes to run "
-             f"({len(starts) * len(points) - len(todo)} done); the time left is estimated after the first batch")
-    first = todo[0][0] if todo else None
-    began = time.perf_counter()
+             f"({len(starts) * len(points) - len(todo)} done); the time left is estimated after two batches")
+    # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
+    batch_starts = list(dict.fromkeys(s for s, _ in todo))
+    pace = (batch_starts[1], None) if len(batch_starts) > 2 else None
     with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
-            if first is not None and start != first:  # every point has decoded one batch (and warmed up)
-                spent, left = time.perf_counter() - began, sum(s != first for s, _ in todo)
-                log.info(f"bench: the first batch of every point took {spent:.0f} s; about "
-                         f"{spent * left / max(len(todo) - left, 1) / 60:.0f} min to go")
-                first = None
+            if pace and start == pace[0] and pace[1] is None:
+                pace = (start, time.perf_counter())
+            elif pace and pace[1] is not None and start != pace[0]:  # the second batch is done
+                left = sum(s > pace[0] for s, _ in todo) / len(points)
+                log.info(f"bench: a batch of every point takes {time.perf_counter() - pace[1]:.0f} s; about "
+                         f"{(time.perf_counter() - pace[1]) * left / 60:.0f} min to go")
+                pace = None
             icfg = _infer_cfg(cfg, point)
             # what a pipeline loads depends on r and on these (a variant may change them)
             key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
