@@ -390,9 +390,11 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
 def _last_line(rows: list[dict], ar: dict) -> str:
     near = [r for r in rows if abs(r["geneval"] - ar["geneval"]) <= 0.03]
     ours = [r for r in rows if r["strategy"] == "mulosd" and r["r"] == 2]
-    pick = max([r for r in ours if r in near] or ours or [ar], key=lambda r: r["speedup"])
     peers = [r for r in near if r["strategy"] not in ("ar", "mulosd")]
     peer = max(peers, key=lambda r: r["speedup"]) if peers else None
-    return (f"bench: mulosd_r2 speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f} "
+    pick = max([r for r in ours if r in near] or ours, key=lambda r: r["speedup"]) if ours else None
+    mulosd = (f"speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f}" if pick else
+              "not measured")  # no r = 2 point in this run
+    return (f"bench: mulosd_r2 {mulosd} "
             f"ar_geneval={ar['geneval']:.3f} best_peer={peer['method'] if peer else 'none'} "
             f"best_peer_speedup={peer['speedup'] if peer else 0:.2f}")
