@@ -656,3 +656,48 @@ def test_the_compiled_step_changes_no_token():
     alone, _ = decode_mulosd(bb(verifier, True), bb(drafter, True), u.up, d.down, CAPTIONS[1:2], nb, cfg, seed=5,
                              image_ids=torch.tensor([1]))
     assert torch.equal(alone[0], batch[1])
+
+
+def test_pjd_with_a_window_of_one_is_plain_ar_token_for_token():
+    from mulosd.decoding import PJDConfig
+    from mulosd.decoding.pjd import decode_pjd
+
+    verifier, _, enc, *_ = MODELS
+    want, ar = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
+    got, pjd = decode_pjd(ARBackbone(verifier, enc, 2.0), CAPTIONS, PJDConfig(window=1, start=1), seed=5)
+    assert torch.equal(got, want) and pjd.steps == ar.steps and pjd.counts["drafted"] == 0
+
+
+def test_pjd_one_row_at_a_time_samples_the_verifiers_distribution():
+    """With rows one after another (start >= the grid's width) PJD is SJD within each row: lossless. The first
+    three tokens over 2000 images against the verifier's exact joint (the third is the next row's first)."""
+    from mulosd.decoding import PJDConfig
+    from mulosd.decoding.pjd import decode_pjd
+
+    verifier, _, enc = _tiny_pair()
+    cap, B, V = "a red circle on a gray background", 2000, 6
+    tokens, trace = decode_pjd(ARBackbone(verifier, enc), [cap] * B, PJDConfig(window=2, start=99), seed=1)
+    assert 0 < trace.counts["accepted"] < trace.counts["drafted"]
+    stat, limit = _joint_chi2(tokens, verifier, enc, cap, V, k=3)
+    assert stat < limit, (stat, limit)
+
+
+def test_pjd_runs_rows_together_in_fewer_forwards_and_its_windows_do_not_see_each_other():
+    """Rows started early decode in fewer forwards than one row at a time; and a write in one group does not
+    change what another group's write computes (the row-causal mask)."""
+    from mulosd.decoding import PJDConfig
+    from mulosd.decoding.pjd import decode_pjd
+
+    verifier, _, enc, *_ = MODELS
+    _, alone = decode_pjd(ARBackbone(verifier, enc, 2.0), CAPTIONS, PJDConfig(window=4, start=99), seed=5)
+    _, together = decode_pjd(ARBackbone(verifier, enc, 2.0), CAPTIONS, PJDConfig(window=4, start=2), seed=5)
+    assert together.steps < alone.steps and together.forwards["verifier"] == together.steps
+    bb = ARBackbone(verifier, enc, 2.0)
+    bb.start(CAPTIONS[:1])
+    pos, tok = torch.tensor([[0, 1, 8, 9]]), torch.tensor([[3, 4, 5, 6]])
+    grouped = bb(pos, tok, groups=torch.tensor([0, 0, 1, 1]))
+    bb.forget_mask(torch.ones(1, 64, dtype=torch.bool))
+    first = bb(pos[:, :2], tok[:, :2])
+    bb.forget_mask(torch.ones(1, 64, dtype=torch.bool))
+    second = bb(pos[:, 2:], tok[:, 2:])
+    assert torch.allclose(grouped[:, :2], first, atol=1e-9) and torch.allclose(grouped[:, 2:], second, atol=1e-9)

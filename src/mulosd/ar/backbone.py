@@ -134,8 +134,10 @@ class ARBackbone:
         return guide(logits, self.scale(torch.zeros(B, 1, dtype=torch.long, device=self.device)))
 
     @torch.no_grad()
-    def __call__(self, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Write tokens [B, n] at grid positions [B, n]; logits [B, n, V] for the positions that follow."""
+    def __call__(self, positions: torch.Tensor, tokens: torch.Tensor, groups: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """Write tokens [B, n] at grid positions [B, n]; logits [B, n, V] for the positions that follow.
+        `groups` [n]: draft windows that do not see each other (`Transformer.step`; the eager step runs them)."""
         if self.cache is None:
             raise RuntimeError("call start(captions) first")
         if positions.shape != tokens.shape or positions.shape[0] != self.batch:
@@ -151,7 +153,9 @@ class ARBackbone:
         if self.guided:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
         n = slots.shape[1]
-        if self._fused is not None and self._fused.covers(*slots.shape):
+        if groups is not None:
+            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache, groups=groups), scale)
+        elif self._fused is not None and self._fused.covers(*slots.shape):
             logits = self._fused(slots, tokens, self.cache, scale)
         elif self._step is None or n == 0:
             logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), scale)

@@ -43,6 +43,10 @@ class BenchConfig:
         "help": "sjd: its windows (empty: infer.sjd_window)"})
     sjd_couplings: list[str] = field(default_factory=list, metadata={
         "help": "sjd: gumbel | maximal (empty: infer.sjd_coupling)"})
+    pjd_windows: list[int] = field(default_factory=list, metadata={
+        "help": "pjd: its windows (empty: infer.pjd_window)"})
+    pjd_starts: list[int] = field(default_factory=list, metadata={
+        "help": "pjd: its row-start leads (empty: infer.pjd_start)"})
     variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={
         "help": "MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}"})
     fd: bool = knob(True, "FD-VGG against the world's renders of the same prompts")

@@ -124,14 +124,14 @@ def validate_infer(cfg: DictConfig) -> None:
     require(cfg.seed >= 0, "seed", f"must be >= 0, got {cfg.seed}")
     one_of(cfg.llamagen.dtype, ("float32", "bfloat16"), "llamagen.dtype")
     require(cfg.backbone != "llamagen_t2i" or (cfg.r == 2 and cfg.decoding not in ("sd", "lantern", "reference")),
-            "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar, sjd or "
+            "backbone", "llamagen_t2i decodes with r=2 (stage 1 256 px -> stage 2 512 px) and ar, zipar, sjd, pjd or "
             "mulosd (no small same-resolution LlamaGen drafter is released; reference draws SynthScenes only)")
     one_of(cfg.tar.dtype, ("float32", "bfloat16"), "tar.dtype")
     one_of(cfg.tar.resolution, (512, 1024), "tar.resolution")
     one_of(cfg.tar.scale, (0, 1, 2), "tar.scale")
     if cfg.backbone == "tar":
         require(cfg.decoding not in ("sd", "lantern", "reference"), "decoding",
-                "tar decodes with ar, zipar, sjd or mulosd (no same-resolution AR-DTok drafter is released)")
+                "tar decodes with ar, zipar, sjd, pjd or mulosd (no same-resolution AR-DTok drafter is released)")
         require(cfg.r == cfg.tar.resolution // 256, "r", f"tar at {cfg.tar.resolution} px over the 256 px drafter "
                 f"is r={cfg.tar.resolution // 256}, got r={cfg.r}")
     require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")

@@ -87,6 +87,19 @@ class SJDConfig:
 
 
 @dataclass(frozen=True)
+class PJDConfig:
+    """Parallel Jacobi decoding (CVPR 2026): a Jacobi window per image row, several rows at once."""
+
+    window: int = knob(8, "pjd: tokens each row's window predicts per forward (1: plain AR)", key="pjd_window")
+    start: int = knob(8, "pjd: tokens the row above must have committed before a row starts (>= the grid's width: "
+                         "one row at a time)", key="pjd_start")
+
+    def __post_init__(self):
+        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
+        check(self.start >= 1, "start", f"must be >= 1, got {self.start}")
+
+
+@dataclass(frozen=True)
 class MuLoSDConfig:
     """MuLo-SD. The defaults are the bench's choices at r=2, each measured in docs/results.md: tau 0.5 with
     acceptance=ratio is the fastest setting whose GenEval interval against ar stays inside the quality target."""

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .knobs import MuLoSDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
+from .knobs import MuLoSDConfig, PJDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,12 @@ def run_sjd(p, cfg, captions: list[str], common: dict):
     return decode_sjd(p.backbone(compile=cfg.compile), captions, from_config(SJDConfig, cfg), **common)
 
 
+def run_pjd(p, cfg, captions: list[str], common: dict):
+    from .pjd import decode_pjd
+
+    return decode_pjd(p.backbone(compile=cfg.compile), captions, from_config(PJDConfig, cfg), **common)
+
+
 def run_mulosd(p, cfg, captions: list[str], common: dict):
     from .mulosd import decode_mulosd
 
@@ -95,6 +101,9 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
              sweep=(Axis("gamma", "gammas", "g{}"), Axis("lantern_k", "lantern_ks", "k{}"))),
     Strategy("sjd", run_sjd, units=_tokens, config=SJDConfig,
              sweep=(Axis("sjd_window", "sjd_windows", "w{}"), Axis("sjd_coupling", "sjd_couplings", "{}"))),
+    # pjd: its windows do not see each other, a mask only the eager step has: compile=true runs it eager
+    Strategy("pjd", run_pjd, units=_tokens, config=PJDConfig,
+             sweep=(Axis("pjd_window", "pjd_windows", "w{}"), Axis("pjd_start", "pjd_starts", "s{}"))),
     Strategy("mulosd", run_mulosd, units=lambda cfg, G: -(-G // cfg.r // cfg.draft_rows), config=MuLoSDConfig,
              drafts_with="drafter",
              sweep=(Axis("r", "rs", "r{}"), Axis("tau", "taus", "tau{:g}"), Axis("radius", "radii", "l{}"))),
