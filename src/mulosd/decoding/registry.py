@@ -88,7 +88,7 @@ def run_mulosd(p, cfg, captions: list[str], common: dict):
 
 
 def _tokens(cfg, G: int) -> int:
-    return G * G  # ar: one token a step; sd, lantern, sjd: a bound (each step commits at least one token)
+    return G * G  # ar: one token a step; sd, lantern, sjd, pjd: a bound (each step commits at least one token)
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
