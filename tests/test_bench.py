@@ -33,10 +33,10 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     for name in ("fid", "clip", "hpsv2"):  # offline: each skipped with one line naming what is missing
         assert len([line for line in r.stdout.splitlines() if line.startswith(f"metric {name} skipped: ")]) == 1
     table = (tmp_path / "results.md").read_text()
-    for method in ("ar", "zipar", "sd", "lantern", "sjd", "mulosd_r2_tau0_l1_zip", "mulosd_r2_tau1_l1_zip",
+    for method in ("ar", "zipar", "sd", "lantern", "sjd", "pjd", "mulosd_r2_tau0_l1_zip", "mulosd_r2_tau1_l1_zip",
                    "mulosd_r2_tau0_l1_round", "mulosd_r2_tau1_l1_round"):
         assert f"| {method} |" in table, method
-    assert (tmp_path / "results.csv").read_text().count("\n") == 10 and (tmp_path / "speedup.png").is_file()
+    assert (tmp_path / "results.csv").read_text().count("\n") == 11 and (tmp_path / "speedup.png").is_file()
     cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     (where,) = {c["hardware"] for c in cells}  # where it ran, stored with each cell and named in the table
     assert f"timed on {where};" in table.splitlines()[0]
@@ -48,7 +48,7 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
         passed = verdicts["passed"][row["method"]]
         rates = [np.mean([p for p, c in zip(passed, cats, strict=True) if c == k]) for k in sorted(set(cats))]
         assert len(passed) == 4 and float(row["geneval"]) == pytest.approx(np.mean(rates))
-    assert len(cells) == 9 * 2
+    assert len(cells) == 10 * 2
     # hardware-independent counters in every cell: ar makes one token per verifier forward and image
     ar = next(c for c in cells if c["point"] == "ar")
     assert ar["counters"]["tokens_per_verifier_forward"] == 1 and ar["counters"]["accepted_per_verification"] == 0
@@ -66,7 +66,7 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     r = _bench(tiny_zoo, tmp_path, *variants)
     assert r.returncode == 0, r.stderr[-3000:]
     again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
-    assert len(again) == 18 and {(c["point"], c["start"]) for c in again[:15]} == kept
+    assert len(again) == 20 and {(c["point"], c["start"]) for c in again[:17]} == kept
     header = (tmp_path / "results.md").read_text().splitlines()[0]
     assert f"timed on {' and '.join(sorted([where, 'another machine']))};" in header, header
 

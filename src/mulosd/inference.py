@@ -118,8 +118,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         except CaptionError as e:
             raise ConfigError("prompt" if len(texts) == 1 else f"prompts[{i}]", str(e)) from None
         if why and cfg.decoding != "reference":
-            log.warning(f"note: {text!r} is not a composition the shipped zoo was trained on ({why}): expect the "
-                        "models to miss it")
+            log.warning(f"note: the world never draws a composition like {text!r} ({why}): the shipped zoo never "
+                        "saw one, so expect its models to miss it")
     out_dir = Path(cfg.out_dir) if cfg.out_dir else run_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     if cfg.decoding == "reference":

@@ -38,6 +38,8 @@ def battery(tmp_path_factory, request):
                 print(f"\n  battery {line.rstrip()}", end="", flush=True)
     proc.wait()
     watchdog.cancel()
+    with show():
+        print("\n  battery done; its tests: ", end="", flush=True)
     err.close()
     r = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines), (work / "stderr.txt").read_text())
     report = json.loads((work / "battery.json").read_text()) if (work / "battery.json").is_file() else {}
