@@ -30,7 +30,7 @@ from .config import ConfigError, with_overrides
 from .config.bench import validate_bench
 from .decoding.registry import STRATEGIES
 from .eval import geneval_score, paired_difference, prompt_set, reference_renders
-from .machine import conditions, use_threads
+from .machine import log_conditions, use_threads
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +90,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     out = Path(cfg.out_dir) if cfg.out_dir else run_dir
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_set(cfg.n_prompts, seed=cfg.prompt_seed)
+    use_threads(cfg.infer.threads)
     if cfg.mode == "throughput":
-        use_threads(cfg.infer.threads)
         return throughput(cfg, out, prompts)
     points = grid(cfg)
-    timing, busy = conditions(cfg.infer.threads)
-    log.info(timing)
-    if busy:
-        log.warning(busy)
+    log_conditions(log)
     cells_path = out / "cells.jsonl"
     done = {}
     if cfg.resume and cells_path.is_file():

@@ -23,7 +23,7 @@ from .config import ConfigError
 from .config.infer import validate_infer
 from .data.synthscenes import CaptionError, judge, parse_caption, realise, render, untaught
 from .decoding.registry import STRATEGIES
-from .machine import conditions, use_threads
+from .machine import log_conditions, use_threads
 from .pipeline import Pipeline
 from .viz import acceptance_maps, captioned_grid
 from .zoo import read_config, world_radius
@@ -66,10 +66,7 @@ def _compare(pipe: Pipeline, cfg: DictConfig, texts: list[str]):
     turn `compare_repeats` times, the order alternating (A B, B A, ...) so that drift falls on both; each
     repeat gives one ratio. Returns the median repeat's (images, traces) of each and its ratio, then all ratios:
     the times reported are the ones that make the median (seeded decoding makes every repeat's images the same)."""
-    timing, busy = conditions(cfg.threads)
-    log.info(timing)
-    if busy:
-        log.warning(busy)
+    log_conditions(log)
     strategy = cfg.decoding
     for s in (strategy, "ar"):
         t = time.perf_counter()

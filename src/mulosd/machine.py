@@ -21,12 +21,11 @@ def use_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
-def conditions(threads: int | None) -> tuple[str, str | None]:
-    """(what a timing runs with, a warning when the machine is busier than its cores or None)."""
-    n, load, c = use_threads(threads), os.getloadavg()[0], cores()
-    text = f"timed with {n} torch thread{'s' * (n != 1)} on {c} cores (load {load:.1f})"
-    busy = None
+def log_conditions(log) -> None:
+    """Log what a timing runs with (threads as set by `use_threads`), and warn when the machine is busier than
+    its cores."""
+    n, load, c = torch.get_num_threads(), os.getloadavg()[0], cores()
+    log.info(f"timed with {n} torch thread{'s' * (n != 1)} on {c} cores (load {load:.1f})")
     if load > c:
-        busy = (f"the machine is busier than its cores (load {load:.1f} on {c}): timings may not hold; threads=1 "
-                "suffers least from the contention, and only a ratio measured side by side means much")
-    return text, busy
+        log.warning(f"the machine is busier than its cores (load {load:.1f} on {c}): timings may not hold; "
+                    "threads=1 suffers least from the contention, and only a ratio measured side by side means much")

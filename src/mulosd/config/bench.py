@@ -16,6 +16,11 @@ from . import ConfigError, check_keys, one_of, require, with_overrides
 from .infer import InferConfig, validate_infer
 
 
+def swept(help: str, *values):
+    """A list field of values a sweep axis takes (its default: these values)."""
+    return field(default_factory=lambda: list(values), metadata={"help": help})
+
+
 @dataclass
 class BenchConfig:
     n_prompts: int = knob(64, "prompts of the held-out prompt set")
@@ -30,23 +35,16 @@ class BenchConfig:
     strategies: list[str] = field(default_factory=lambda: [s for s in STRATEGIES if s != "ar"],
                                   metadata={"help": "the strategies measured against ar (always measured)"})
     # the sweep axes of decoding/registry.py (an empty list: the infer value, infer.KEY)
-    rs: list[int] = field(default_factory=lambda: [2, 4], metadata={"help": "mulosd: the values of r"})
-    taus: list[float] = field(default_factory=lambda: [0.1, 0.2, 0.5],
-                              metadata={"help": "mulosd: the values of tau (0.5: infer.py's default)"})
-    radii: list[int] = field(default_factory=lambda: [1], metadata={"help": "mulosd: the values of radius"})
-    windows: list[int] = field(default_factory=list, metadata={"help": "zipar: its windows (empty: infer.window)"})
-    gammas: list[int] = field(default_factory=list, metadata={
-        "help": "sd, lantern: draft lengths (empty: infer.gamma)"})
-    lantern_ks: list[int] = field(default_factory=list, metadata={
-        "help": "lantern: neighbourhood sizes (empty: infer.lantern_k)"})
-    sjd_windows: list[int] = field(default_factory=list, metadata={
-        "help": "sjd: its windows (empty: infer.sjd_window)"})
-    sjd_couplings: list[str] = field(default_factory=list, metadata={
-        "help": "sjd: gumbel | maximal (empty: infer.sjd_coupling)"})
-    pjd_windows: list[int] = field(default_factory=list, metadata={
-        "help": "pjd: its windows (empty: infer.pjd_window)"})
-    pjd_starts: list[int] = field(default_factory=list, metadata={
-        "help": "pjd: its row-start leads (empty: infer.pjd_start)"})
+    rs: list[int] = swept("mulosd: the values of r", 2, 4)
+    taus: list[float] = swept("mulosd: the values of tau (0.5: infer.py's default)", 0.1, 0.2, 0.5)
+    radii: list[int] = swept("mulosd: the values of radius", 1)
+    windows: list[int] = swept("zipar: its windows (empty: infer.window)")
+    gammas: list[int] = swept("sd, lantern: draft lengths (empty: infer.gamma)")
+    lantern_ks: list[int] = swept("lantern: neighbourhood sizes (empty: infer.lantern_k)")
+    sjd_windows: list[int] = swept("sjd: its windows (empty: infer.sjd_window)")
+    sjd_couplings: list[str] = swept("sjd: gumbel | maximal (empty: infer.sjd_coupling)")
+    pjd_windows: list[int] = swept("pjd: its windows (empty: infer.pjd_window)")
+    pjd_starts: list[int] = swept("pjd: its row-start leads (empty: infer.pjd_start)")
     variants: dict[str, dict[str, Any]] = field(default_factory=dict, metadata={
         "help": "MuLo-SD variants measured side by side, name -> infer overrides: +variants.zip={resample:zipar}"})
     fd: bool = knob(True, "FD-VGG against the world's renders of the same prompts")
