@@ -32,10 +32,12 @@ def git_revision() -> str:
         return "unknown"
 
 
-def save(model: torch.nn.Module, kind: str, out_dir: Path, recipe: str, dtype=torch.float16, **extra) -> Path:
-    """Export a model whose class owns its config (`to_config()`, rebuilt by the loaders below) with its recipe
-    and `extra` metadata (tokenizer, sampling defaults, metrics...)."""
-    return _write(model, kind, model.to_config(), out_dir, recipe, dtype, **extra)
+def save(model: torch.nn.Module, kind: str, out_dir: Path, recipe: str, dtype=torch.float16, config: dict | None = None,
+         **extra) -> Path:
+    """Export a model whose class owns its config (`to_config()`, rebuilt by the loaders below; or `config`
+    for an upstream class, whose loader reads the architecture from the weights) with its recipe and `extra`
+    metadata (tokenizer, sampling defaults, metrics...)."""
+    return _write(model, kind, model.to_config() if config is None else config, out_dir, recipe, dtype, **extra)
 
 
 def save_ar(model: torch.nn.Module, encoder: torch.nn.Module, out_dir: Path, recipe: str, dtype=torch.float16,
@@ -223,3 +225,14 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Modu
                              f"codebook {tuple(model.codebook.shape)} does not match the tokenizer's "
                              f"{tuple(theirs.shape)}")
     return model.eval().requires_grad_(False).to(device), meta
+
+
+def load_sr_state(name_or_path: str | Path) -> dict:
+    """The weights of an SR network exported by `experiment=pixel_sr` (upstream's key layout: samplers/sr.py
+    builds it through spandrel's detection)."""
+    path = resolve(name_or_path)
+    meta = read_config(path)
+    if meta["kind"] != "sr":
+        raise ValueError(f"{path} holds a {meta['kind']}, not an SR network (sr= takes bicubic, lanczos, a weights "
+                         "file or an export of experiment=pixel_sr)")
+    return _load_state(path)

@@ -8,13 +8,15 @@ and one range check, and a new knob is on the command line by being in its datac
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
+from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from ..choices import BACKBONES, GUIDANCE_SCHEDULES, RATIOS, SAMPLER_STAGES, WANDB_MODES
+from ..choices import BACKBONES, GUIDANCE_SCHEDULES, RATIOS, SAMPLER_STAGES, TRAINING_FREE_SR, WANDB_MODES
 from ..decoding.knobs import KnobError, command_line_knobs, from_config, knob
 from ..decoding.registry import STRATEGIES, STRATEGY_NAMES
+from ..paths import ZOO
 from . import ConfigError, check_keys, one_of, require
 
 DECODINGS = (*STRATEGY_NAMES, "reference")  # reference: the world's own rendering of each prompt
@@ -91,7 +93,8 @@ class InferOptions:
     r: int = knob(2, "the verifier's grid over the drafter's: 2 | 4")
     upsampler: str = knob("latent", "latent: the trained U_r | pixel: decode, resize (sr), re-encode")
     stage: str = knob("gan", "the latent up-sampler's loss stage: " + " | ".join(SAMPLER_STAGES))
-    sr: str = knob("bicubic", "upsampler=pixel: bicubic | lanczos")
+    sr: str = knob("bicubic", "upsampler=pixel: bicubic | lanczos | a weights file spandrel reads (.pth, .pt, .ckpt, "
+                              ".safetensors) | an SR network of experiment=pixel_sr (zoo name or directory)")
     models: InferModelsConfig = field(default_factory=InferModelsConfig, metadata={"help": "the models"})
     llamagen: LlamaGenConfig = field(default_factory=LlamaGenConfig, metadata={"help": "backbone=llamagen_t2i"})
     tar: TarConfig = field(default_factory=TarConfig, metadata={"help": "backbone=tar"})
@@ -141,7 +144,9 @@ def validate_infer(cfg: DictConfig) -> None:
     one_of(cfg.r, RATIOS, "r")
     one_of(cfg.upsampler, ("latent", "pixel"), "upsampler")
     one_of(cfg.stage, SAMPLER_STAGES, "stage")
-    one_of(cfg.sr, ("bicubic", "lanczos"), "sr")
+    require(cfg.sr in TRAINING_FREE_SR or Path(cfg.sr).is_file() or (Path(cfg.sr) / "config.json").is_file()
+            or (ZOO / cfg.sr / "config.json").is_file(), "sr",
+            f"{cfg.sr!r} is not bicubic, lanczos, a weights file, or an SR export (zoo name or directory)")
     for knobs in {s.config for s in STRATEGIES.values() if s.config is not None}:  # every strategy's own checks
         try:
             from_config(knobs, cfg)

@@ -12,7 +12,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from ..ar.transformer import TransformerConfig
-from ..choices import GUIDANCE_SCHEDULES, LOGGERS, RATIOS, SAMPLER_STAGES, TASKS, WANDB_MODES
+from ..choices import GUIDANCE_SCHEDULES, LOGGERS, RATIOS, SAMPLER_KINDS, SAMPLER_STAGES, TASKS, WANDB_MODES
 from ..data.synthscenes import vocab
 from ..losses.image_loss import ImageLossConfig
 from ..tokenizer.vq import VQConfig
@@ -190,11 +190,11 @@ class SamplerLossConfig:
 @dataclass
 class SamplerModelConfig:
     name: str = "sampler"
-    kind: str = "up"  # up (U_r) | down (D_r)
+    kind: str = "up"  # up (U_r) | down (D_r) | sr (the pixel path's SR network: upsampler=pixel sr=EXPORT)
     r: int = 2
     tokenizer: str = "synthscenes_vq_f8"
-    width: int = 128
-    depth: int = 4
+    width: int = 128  # channels (sr: SRVGG's num_feat)
+    depth: int = 4  # residual blocks (sr: SRVGG's num_conv)
     init_from: str | None = None  # an earlier stage's sampler (zoo name or exported directory)
     loss: SamplerLossConfig = field(default_factory=SamplerLossConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -265,11 +265,13 @@ def validate_model(m: DictConfig) -> DictConfig:
 
 
 def _validate_sampler(m: DictConfig) -> DictConfig:
-    one_of(m.kind, ("up", "down"), "model.kind")
+    one_of(m.kind, SAMPLER_KINDS, "model.kind")
     one_of(m.r, RATIOS, "model.r")
     one_of(m.loss.stage, SAMPLER_STAGES, "model.loss.stage")
-    require(m.kind == "up" or m.loss.stage == "token_ce", "model.loss.stage",
+    require(m.kind != "down" or m.loss.stage == "token_ce", "model.loss.stage",
             "the down-sampler trains with token_ce only")
+    require(m.kind != "sr" or m.loss.stage != "token_ce", "model.loss.stage",
+            "the SR network makes pixels: it trains with mse_lpips or gan (loss=mse_lpips | loss=gan)")
     require(m.width >= 8 and m.width % 4 == 0, "model.width", f"must be a multiple of 4, >= 8; got {m.width}")
     require(m.depth >= 1, "model.depth", "must be >= 1")
     require(m.optim.lr > 0 and m.optim.d_lr > 0, "model.optim.lr", "learning rates must be > 0")

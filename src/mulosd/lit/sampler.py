@@ -1,10 +1,13 @@
-"""LightningModule that trains a latent up-sampler U_r or down-sampler D_r through the paper's loss stages.
+"""LightningModule that trains the samplers between a drafter's and a verifier's grids: the latent up-sampler
+U_r through the paper's loss stages, the down-sampler D_r, and the pixel path's SR network.
 
     token_ce   U_r with a logit head: CE against VQ(high-res image) tokens      (stage 1)
     mse_lpips  U_r with a latent head: the quantised latents are decoded by the frozen VQ decoder;
                MSE + LPIPS against the high-res image, plus a commitment term    (stage 2)
     gan        stage 2 + PatchGAN (hinge, adaptive weight at the head, warm-up in batches)  (stage 3)
     D_r        always CE against VQ(low-res image) tokens
+    sr         the SR network (samplers/sr.py) on the low-res view as the pixel path sees it, decoded from its
+               tokens; MSE + LPIPS (+ PatchGAN with loss=gan) against the high-res image
 
 The batch is streamed from the shards (image and its low-res versions); the frozen tokenizer turns the views
 into tokens on the fly. Manual optimisation with a generator and a discriminator optimiser that both step
@@ -25,8 +28,9 @@ import torch.nn.functional as F
 from ..data.images import to_image
 from ..eval.pixels import psnr
 from ..losses import ImageLoss, ImageLossConfig
-from ..samplers import build_sampler, head_for
+from ..samplers import PixelUpsampler, build_sampler, head_for
 from ..samplers.latent import nearest_code
+from ..samplers.sr import forward_pm1, last_layer, sr_network
 from ..viz import captioned_grid
 from .adversarial import AdversarialSteps
 from .guards import NonFiniteGuard, batch_images
@@ -49,8 +53,11 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         # the frozen tokenizer is not a submodule: it is not trained, not checkpointed, not exported
         object.__setattr__(self, "tokenizer", load_tokenizer(tokenizer))
         self.kind, self.r, self.stage = kind, r, loss["stage"]
-        self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth,
-                                      "head": head_for(self.stage)}, self.tokenizer.codebook())
+        if kind == "sr":
+            self.sampler = sr_network(r, width, depth)
+        else:
+            self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth,
+                                          "head": head_for(self.stage)}, self.tokenizer.codebook())
         image_loss = dict(loss["image"]) | ({"gan": "none"} if self.stage != "gan" else {})
         self.image_loss = ImageLoss(ImageLossConfig(**image_loss)) if self.pixel_stage else None
         self.optim, self.train_cfg = optim, train
@@ -62,16 +69,17 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
 
     @property
     def pixel_stage(self) -> bool:
-        return self.kind == "up" and self.stage != "token_ce"
+        return self.kind != "down" and self.stage != "token_ce"
 
     def _init_from(self, name: str) -> None:
         """Start from an earlier stage's exported sampler (its codebook must be this tokenizer's). Weights whose
         shapes differ (a stage-1 logit head in a stage-2 model) are left at their initialisation."""
-        from ..zoo import load_sampler
+        from ..zoo import load_sampler, load_sr_state
 
-        other, _ = load_sampler(name, tokenizer=self.hparams["tokenizer"])
+        theirs = load_sr_state(name) if self.kind == "sr" else \
+            load_sampler(name, tokenizer=self.hparams["tokenizer"])[0].state_dict()
         own = self.sampler.state_dict()
-        taken = {k: v for k, v in other.state_dict().items() if k in own and own[k].shape == v.shape}
+        taken = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
         self.sampler.load_state_dict(taken, strict=False)
         log.info("initialised %d/%d tensors from %s", len(taken), len(own), name)
 
@@ -94,7 +102,20 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
                              f"data.ratios to include it")
         return self.tokenizer.encode(batch["low"][self.r]), self.tokenizer.encode(batch["image"])
 
+    def super_resolve(self, images: torch.Tensor, r: int | None = None) -> torch.Tensor:
+        """The SR network as the pixel path's SuperResolver ([-1, 1] in and out; differentiable)."""
+        return forward_pm1(self.sampler, images).clamp(-1, 1)
+
     def generator_loss(self, batch: dict, low: torch.Tensor, high: torch.Tensor):
+        if self.kind == "sr":
+            with torch.no_grad():  # the input the pixel path gives it: the drafter's tokens, decoded
+                seen = self.tokenizer.decode(low).clamp(-1, 1)
+            fake = forward_pm1(self.sampler, seen)
+            loss, logs = self.image_loss.generator_loss([batch["image"]], [fake], last_layer(self.sampler),
+                                                        self.batches_seen)
+            with torch.no_grad():
+                logs["acc"] = (self.tokenizer.encode(fake.clamp(-1, 1)) == high).float().mean()
+            return loss, logs, fake
         if self.kind == "down":
             logits = self.sampler(high)
             loss = F.cross_entropy(logits, low)
@@ -133,6 +154,8 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
 
     @torch.no_grad()
     def predict_tokens(self, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        if self.kind == "sr":  # through the pixel path itself: decode, super-resolve, re-encode
+            return PixelUpsampler(self.tokenizer, self.r, self.super_resolve).up(low)
         return self.sampler.down(high) if self.kind == "down" else self.sampler.up(low)
 
     def validation_step(self, batch, batch_idx):
@@ -140,7 +163,7 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         pred = self.predict_tokens(low, high)
         target = low if self.kind == "down" else high
         self.log("val/acc", (pred == target).float().mean(), batch_size=len(pred))
-        if self.kind == "up":
+        if self.kind != "down":
             draft = self.tokenizer.decode(pred).clamp(-1, 1)
             self.log("val/psnr", psnr(draft, batch["image"]).mean(), batch_size=len(pred))
             if batch_idx == 0:
@@ -181,6 +204,10 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         from ..zoo import save, tokenizer_digest, tokenizer_identity
 
         h = self.hparams
+        if self.kind == "sr":  # spandrel reads the architecture from the weights; the config says what it is
+            return save(self.sampler, "sr", out_dir, recipe, config={"arch": "Compact", "r": self.r,
+                        "width": h["width"], "depth": h["depth"]}, stage=self.stage, tokenizer=h["tokenizer"],
+                        batches=self.batches_seen, loss=dict(h["loss"]))
         return save(self.sampler, "sampler", out_dir, recipe, stage=self.stage, tokenizer=h["tokenizer"],
                     tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])), batches=self.batches_seen,
                     loss=dict(h["loss"]))

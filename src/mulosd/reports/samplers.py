@@ -5,7 +5,8 @@ pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) aga
 token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, and the judge's agreement
 on the decoded draft (true caption accepted, a minimally falsified one rejected). `VQ(high)` is the ceiling
 (the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
-Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}.
+Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}, and the pixel
+path's trained SR network synthscenes_sr{r} (experiment=pixel_sr).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ def sampler_name(r: int, stage: str | None = None) -> str:
     return f"synthscenes_down{r}" if stage is None else f"synthscenes_up{r}_{stage}"
 
 
+def sr_name(r: int) -> str:
+    return f"synthscenes_sr{r}"
+
+
 @torch.no_grad()
 def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50,
              radius: tuple[float, float] = vocab.RADIUS_RANGE) -> dict:
@@ -48,6 +53,8 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
     for r in ratios:
         methods = {"VQ(high) (ceiling)": None, "pixel bicubic": PixelUpsampler(tokenizer, r, "bicubic"),
                    "pixel lanczos": PixelUpsampler(tokenizer, r, "lanczos")}
+        sr = directory / sr_name(r)
+        methods["pixel SR (trained)"] = PixelUpsampler(tokenizer, r, str(sr)) if sr.is_dir() else "missing"
         for stage in STAGES:
             path = directory / sampler_name(r, stage)
             methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"

@@ -1,7 +1,8 @@
 """The pixel-space up-sampler (training-free, the paper's v2 default): decode -> super-resolve -> re-encode.
 
-Super-resolution is any callable `(images [B,3,H,W] in [-1,1], r) -> [B,3,rH,rW]`: bicubic and Lanczos work
-offline; a learned SR model fills the same slot where one is available. Row-causality is the caller's
+Super-resolution is any callable `(images [B,3,H,W] in [-1,1], r) -> [B,3,rH,rW]`: bicubic and Lanczos are
+training-free; a learned SR model (samplers/sr.py: a checkpoint spandrel reads, or the framework's own
+`experiment=pixel_sr`) fills the same slot. Row-causality is the caller's
 business here: the VQ decoder's receptive field spans several rows, so MuLo-SD decodes the whole low-res
 prefix and keeps only the new rows.
 """
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..choices import TRAINING_FREE_SR
 from ..data.images import to_image, to_tensor
 
 SuperResolver = Callable[[torch.Tensor, int], torch.Tensor]
@@ -33,16 +35,22 @@ def lanczos(images: torch.Tensor, r: int) -> torch.Tensor:
 
 
 SUPER_RESOLVERS: dict[str, SuperResolver] = {"bicubic": bicubic, "lanczos": lanczos}
+assert tuple(SUPER_RESOLVERS) == TRAINING_FREE_SR
 
 
 class PixelUpsampler:
+    """`sr`: bicubic | lanczos | a weights file or SR export (samplers/sr.py load_sr) | a SuperResolver."""
+
     def __init__(self, tokenizer, r: int, sr: str | SuperResolver = "bicubic"):
         if r not in (2, 4):
             raise ValueError(f"r must be 2 or 4, got {r}")
         if isinstance(sr, str):
-            if sr not in SUPER_RESOLVERS:
-                raise ValueError(f"unknown super-resolver {sr!r}; known: {', '.join(SUPER_RESOLVERS)}")
-            sr = SUPER_RESOLVERS[sr]
+            if sr in SUPER_RESOLVERS:
+                sr = SUPER_RESOLVERS[sr]
+            else:
+                from .sr import load_sr
+
+                sr = load_sr(sr, r, device=next(tokenizer.parameters()).device)
         self.tokenizer, self.r, self.sr = tokenizer, r, sr
 
     @torch.no_grad()
