@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from mulosd.samplers import PixelUpsampler
-from mulosd.samplers.sr import load_sr, sr_network
+from mulosd.samplers.sr import sr_network
 from mulosd.tokenizer import VQConfig, VQModel
-from mulosd.zoo import load_tokenizer, save
+from mulosd.zoo import load_sr, load_tokenizer, save
 
 from .test_samplers import _common, _train
 
@@ -62,7 +62,7 @@ def test_real_esrgan_checkpoints_drive_the_pixel_path(r, tokenizer_dir, tmp_path
     save_file(srvgg_state(r), tmp_path / f"compact_x{r}.safetensors")
     torch.save({"params": srvgg_state(4)}, tmp_path / "realesr-general-x4v3.pth")
     for name in ("RealESRGAN_x4plus.pth", f"compact_x{r}.safetensors", "realesr-general-x4v3.pth"):
-        up = PixelUpsampler(tok, r, str(tmp_path / name))
+        up = PixelUpsampler(tok, r, load_sr(tmp_path / name, r))
         assert up.up(low).shape == (2, 4 * r, 4 * r)
         x = torch.rand(3, 3, 10, 12) * 2 - 1
         y = up.sr(x, r)
@@ -130,5 +130,5 @@ def test_pixel_sr_trains_exports_and_loads_through_spandrel(tmp_path, tmp_path_f
     net.load_state_dict({k.removeprefix("sampler."): v for k, v in trained.items() if k.startswith("sampler.")})
     x = torch.rand(1, 3, 16, 16) * 2 - 1
     torch.testing.assert_close(sr(x, 2), (net.eval()((x + 1) / 2) * 2 - 1).clamp(-1, 1), atol=2e-2, rtol=0)
-    up = PixelUpsampler(load_tokenizer(tokenizer_dir), 2, str(export))
+    up = PixelUpsampler(load_tokenizer(tokenizer_dir), 2, sr)
     assert up.up(torch.randint(0, 32, (1, 4, 4))).shape == (1, 8, 8)

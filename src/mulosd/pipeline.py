@@ -261,10 +261,12 @@ def _read_ids(path: str) -> torch.Tensor:
 
 def _upsampler(cfg: DictConfig, tokenizer, name, check_against, device: str = "cpu") -> Callable:
     """U_r as a token -> token callable: the trained latent up-sampler, or the training-free pixel path."""
-    from .zoo import load_sampler
+    from .zoo import load_sampler, load_sr
 
     if cfg.upsampler == "pixel":
+        from .choices import TRAINING_FREE_SR
         from .samplers import PixelUpsampler
 
-        return PixelUpsampler(tokenizer, cfg.r, cfg.sr).up
+        sr = cfg.sr if cfg.sr in TRAINING_FREE_SR else _load("sr", load_sr, cfg.sr, cfg.r, device=device)
+        return PixelUpsampler(tokenizer, cfg.r, sr).up
     return _load("models.up", load_sampler, name, check_against, device=device)[0].up

@@ -227,12 +227,20 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Modu
     return model.eval().requires_grad_(False).to(device), meta
 
 
-def load_sr_state(name_or_path: str | Path) -> dict:
-    """The weights of an SR network exported by `experiment=pixel_sr` (upstream's key layout: samplers/sr.py
-    builds it through spandrel's detection)."""
-    path = resolve(name_or_path)
+def load_sr(spec: str | Path, r: int, device="cpu"):
+    """`sr=`'s learned super-resolver (samplers/sr.py LearnedSR): a weights file spandrel reads, or an SR network
+    exported by `experiment=pixel_sr` (a zoo name or its directory; upstream's key layout, so spandrel detects
+    it as it detects a downloaded checkpoint)."""
+    from .samplers.sr import sr_from_file, sr_from_state
+
+    if Path(spec).is_file():
+        return sr_from_file(spec, r, device)
+    try:
+        path = resolve(spec)
+    except FileNotFoundError as e:
+        raise ValueError(f"sr={spec}: not bicubic, lanczos, a weights file or an SR export ({e})") from None
     meta = read_config(path)
     if meta["kind"] != "sr":
         raise ValueError(f"{path} holds a {meta['kind']}, not an SR network (sr= takes bicubic, lanczos, a weights "
                          "file or an export of experiment=pixel_sr)")
-    return _load_state(path)
+    return sr_from_state(_load_state(path), r, str(spec), device)

@@ -28,7 +28,7 @@ from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
-from ..zoo import TOKENIZER, load_sampler, load_tokenizer, read_config, world_radius
+from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config, world_radius
 
 STAGES = SAMPLER_STAGES
 SIZE = 128
@@ -54,7 +54,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
         methods = {"VQ(high) (ceiling)": None, "pixel bicubic": PixelUpsampler(tokenizer, r, "bicubic"),
                    "pixel lanczos": PixelUpsampler(tokenizer, r, "lanczos")}
         sr = directory / sr_name(r)
-        methods["pixel SR (trained)"] = PixelUpsampler(tokenizer, r, str(sr)) if sr.is_dir() else "missing"
+        methods["pixel SR (trained)"] = PixelUpsampler(tokenizer, r, load_sr(sr, r)) if sr.is_dir() else "missing"
         for stage in STAGES:
             path = directory / sampler_name(r, stage)
             methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"

@@ -39,18 +39,16 @@ assert tuple(SUPER_RESOLVERS) == TRAINING_FREE_SR
 
 
 class PixelUpsampler:
-    """`sr`: bicubic | lanczos | a weights file or SR export (samplers/sr.py load_sr) | a SuperResolver."""
+    """`sr`: bicubic | lanczos | a SuperResolver (a learned one: zoo.load_sr)."""
 
     def __init__(self, tokenizer, r: int, sr: str | SuperResolver = "bicubic"):
         if r not in (2, 4):
             raise ValueError(f"r must be 2 or 4, got {r}")
         if isinstance(sr, str):
-            if sr in SUPER_RESOLVERS:
-                sr = SUPER_RESOLVERS[sr]
-            else:
-                from .sr import load_sr
-
-                sr = load_sr(sr, r, device=next(tokenizer.parameters()).device)
+            if sr not in SUPER_RESOLVERS:
+                raise ValueError(f"unknown super-resolver {sr!r}; known: {', '.join(SUPER_RESOLVERS)} "
+                                 "(a learned one: zoo.load_sr)")
+            sr = SUPER_RESOLVERS[sr]
         self.tokenizer, self.r, self.sr = tokenizer, r, sr
 
     @torch.no_grad()

@@ -3,7 +3,8 @@
 (`experiment=pixel_sr`): Real-ESRGAN's compact SRVGG, built from spandrel's class so that its exports keep
 upstream's key layout and load through the same detection path as a downloaded checkpoint.
 
-Spandrel's models take and give images in [0, 1]; the pixel path works in [-1, 1]. A model of a larger scale
+zoo.load_sr resolves `sr=` (a file, or an export by name) to the LearnedSR below. Spandrel's models take and
+give images in [0, 1]; the pixel path works in [-1, 1]. A model of a larger scale
 than r (Real-ESRGAN's x4 at r = 2) runs at its own scale and is then resized down to r with antialiasing, as
 Real-ESRGAN's own `outscale` does; a smaller scale is refused.
 """
@@ -66,32 +67,29 @@ class LearnedSR:
         return (out * 2 - 1).clamp(-1, 1).to(images.device)
 
 
-def load_sr(spec: str, r: int, device: str | torch.device = "cpu") -> LearnedSR:
-    """`spec`: a weights file spandrel reads (.pth, .pt, .ckpt, .safetensors), or an SR model exported by
-    `experiment=pixel_sr` (a zoo name or its directory)."""
+def sr_from_file(path: str | Path, r: int, device: str | torch.device = "cpu") -> LearnedSR:
+    """A weights file spandrel reads (.pth, .pt, .ckpt, .safetensors)."""
+    path = Path(path)
+    if path.suffix.lower() not in WEIGHT_SUFFIXES:
+        raise ValueError(f"sr={path}: not a weights file ({', '.join(WEIGHT_SUFFIXES)})")
+    from spandrel import ModelLoader
+
+    try:
+        state = ModelLoader(device).load_state_dict_from_file(path)
+    except Exception as e:  # truncated, not a state dict, or a pickle spandrel's unpickler refuses
+        raise ValueError(f"sr={path}: cannot read it: {str(e).splitlines()[0]}") from None
+    return sr_from_state(state, r, str(path), device)
+
+
+def sr_from_state(state: dict, r: int, name: str, device: str | torch.device = "cpu") -> LearnedSR:
+    """Weights whose architecture spandrel detects from their keys and shapes."""
     from spandrel import ModelLoader, UnsupportedModelError
 
-    path = Path(spec)
     try:
-        if path.is_file():
-            if path.suffix.lower() not in WEIGHT_SUFFIXES:
-                raise ValueError(f"sr={spec}: not a weights file ({', '.join(WEIGHT_SUFFIXES)})")
-            try:
-                state = ModelLoader(device).load_state_dict_from_file(path)
-            except Exception as e:  # truncated, not a state dict, or a pickle spandrel's unpickler refuses
-                raise ValueError(f"sr={spec}: cannot read it: {str(e).splitlines()[0]}") from None
-            descriptor = ModelLoader(device).load_from_state_dict(state)
-        else:
-            from ..zoo import load_sr_state
-
-            try:
-                state = load_sr_state(spec)
-            except FileNotFoundError as e:
-                raise ValueError(f"sr={spec}: not bicubic, lanczos, a weights file or an SR export ({e})") from None
-            descriptor = ModelLoader(device).load_from_state_dict(state)
+        descriptor = ModelLoader(device).load_from_state_dict(state)
     except UnsupportedModelError:
-        raise ValueError(f"sr={spec}: spandrel recognises no architecture in these weights") from None
+        raise ValueError(f"sr={name}: spandrel recognises no architecture in these weights") from None
     except RuntimeError as e:  # an architecture recognised by its keys whose tensors do not fit it
-        raise ValueError(f"sr={spec}: the weights do not fit the architecture spandrel detects "
+        raise ValueError(f"sr={name}: the weights do not fit the architecture spandrel detects "
                          f"({' '.join(str(e).split())[:160]})") from None
-    return LearnedSR(descriptor, r, str(spec))
+    return LearnedSR(descriptor, r, name)
