@@ -147,11 +147,12 @@ def _fit(component: np.ndarray, top: int, left: int, h: int, w: int, colour: str
                      float(component.sum() / (h * w)), match), recognised
 
 
-def _objects(region: np.ndarray, hues: np.ndarray, top: int, left: int, h: int, w: int) -> list[Detection]:
-    """The objects in one connected region of object pixels (any colours): one object of the region's shape,
-    coloured by the palette colour of most of its pixels (none if no colour has more than DOMINANT of them);
-    or, where the region's colours taken apart fit shapes better than the whole does (objects of different
-    colours that touch), one object per colour component."""
+def _objects(region: np.ndarray, hues: np.ndarray, top: int, left: int, h: int, w: int
+             ) -> list[tuple[Detection, bool]]:
+    """The objects in one connected region of object pixels (any colours), each with whether it is recognised
+    as its shape: one object of the region's shape, coloured by the palette colour of most of its pixels (none
+    if no colour has more than DOMINANT of them); or, where the region's colours taken apart fit shapes better
+    than the whole does (objects of different colours that touch), one object per colour component."""
     names = list(vocab.COLOURS)
     min_px = MIN_AREA * h * w
     shares = np.bincount(hues[region], minlength=len(names)) / region.sum()
@@ -168,15 +169,22 @@ def _objects(region: np.ndarray, hues: np.ndarray, top: int, left: int, h: int, 
         covered = sum(d.area for d, _ in parts)
         split = sum(d.match * d.area for d, ok in parts if ok) / covered
         if split > (whole.match if whole_ok else 0.0):
-            return [d for d, ok in parts if ok]
-    return [whole] if whole_ok else []
+            return parts
+    return [(whole, whole_ok)]
 
 
 JUDGED_SIZE = 128  # smaller images are enlarged to this first
 
 
 def detect(image: np.ndarray) -> tuple[list[Detection], str]:
-    """Objects in a uint8 RGB image, and the background's colour name.
+    """Objects in a uint8 RGB image recognised as their shapes, and the background's colour name."""
+    recognised, _, background = _detect(image)
+    return recognised, background
+
+
+def _detect(image: np.ndarray) -> tuple[list[Detection], list[Detection], str]:
+    """(objects recognised as their shapes, objects too rough to name (with the shape they fit best), the
+    background's colour name).
 
     An image smaller than JUDGED_SIZE is enlarged bilinearly first: its anti-aliased edges then place object
     boundaries between its pixels, and shapes are told apart at the sizes the thresholds were measured at."""
@@ -189,17 +197,17 @@ def detect(image: np.ndarray) -> tuple[list[Detection], str]:
     is_object = (hsv[..., 1] >= OBJECT_MIN_SATURATION) & (hsv[..., 2] >= OBJECT_MIN_VALUE)
     colour_index = _nearest_hue(hsv[..., 0] * 360.0)
     labels, n = ndimage.label(is_object, structure=np.ones((3, 3)))
-    detections = []
+    objects = []
     for sl, idx in zip(ndimage.find_objects(labels), range(1, n + 1), strict=True):
         region = labels[sl] == idx
         if region.sum() >= MIN_AREA * h * w:
-            detections += _objects(region, colour_index[sl], sl[0].start, sl[1].start, h, w)
+            objects += _objects(region, colour_index[sl], sl[0].start, sl[1].start, h, w)
     names = list(vocab.COLOURS)
     background = ~ndimage.binary_dilation(is_object, iterations=2)
     mean_rgb = image[background].reshape(-1, 3).mean(axis=0) if background.any() else image.reshape(-1, 3).mean(0)
     sat = skcolor.rgb2hsv(mean_rgb.reshape(1, 1, 3) / 255.0)[0, 0, 1]
     bg = "gray" if sat < GREY_MAX_SATURATION else names[int(_nearest_hue(np.array(hue_of(mean_rgb))))]
-    return detections, bg
+    return [d for d, ok in objects if ok], [d for d, ok in objects if not ok and d.match >= MIN_MATCH], bg
 
 
 def _relation_holds(rel: str, a: Detection, b: Detection) -> bool:
@@ -208,14 +216,18 @@ def _relation_holds(rel: str, a: Detection, b: Detection) -> bool:
 
 
 def judge(image: np.ndarray, prompt: Prompt) -> Verdict:
-    """Check every requirement of `prompt` on a uint8 RGB image [H, W, 3]."""
-    detections, background = detect(image)
+    """Check every requirement of `prompt` on a uint8 RGB image [H, W, 3]. An exact count also fails when an
+    object too rough to name fits the counted shape best: people count such objects (a square with a bite
+    is a square to them), so the image's count is not the one asked."""
+    detections, rough, background = _detect(image)
     exact = prompt.category == "counting"
     checks, matches = {}, []
     for i, spec in enumerate(prompt.objects):
-        found = [d for d in detections if d.shape == spec.shape and spec.colour in (None, d.colour)]
+        of_spec = lambda d: d.shape == spec.shape and spec.colour in (None, d.colour)  # noqa: E731
+        found = [d for d in detections if of_spec(d)]
         matches.append(found)
-        checks[f"object{i}"] = len(found) == spec.count if exact else len(found) >= spec.count
+        checks[f"object{i}"] = (len(found) == spec.count and not any(of_spec(d) for d in rough)) if exact \
+            else len(found) >= spec.count
     if prompt.relation:
         checks["relation"] = any(_relation_holds(prompt.relation, a, b) for a in matches[0] for b in matches[1])
     if prompt.background:
