@@ -3,7 +3,8 @@
 The SynthScenes judge against people, on generated images. The audit set is fixed: for each world seed of
 `SETS` (no report or training run uses them), some prompts of every GenEval category, each decoded by every
 method of `METHODS` with the shipped zoo at `seed=0`, image id = the prompt's index. Each image was labelled
-by two people looking at it (what objects it shows, and whether a person would pass it for its prompt);
+by two people looking at it (what objects it shows, and whether a person would pass it for its prompt), and
+every image they were not both sure of by three more, its label the majority of the five;
 `judge_audit.json` beside this module holds the labels with each image's prompt, method, id and a hash of
 its pixels, so the images are regenerated, never stored, and a label is only compared with the image it was
 given for. The judge's thresholds were chosen on the first world and are checked on the second.
@@ -141,7 +142,8 @@ def report(result: dict, command: str) -> tuple[str, str]:
     first = next(iter(SETS))
     groups = {"all": rows, f"world {first} (thresholds chosen here)": [r for r in rows if r["world"] == first]}
     groups |= {f"world {w} (held out)": [r for r in rows if r["world"] == w] for w in list(SETS)[1:]}
-    groups |= {"labels both labellers were sure of": [r for r in rows if r["sure"]]}
+    groups |= {"labels both labellers were sure of": [r for r in rows if r["sure"]],
+               "the rest, labelled by five (majority)": [r for r in rows if not r["sure"]]}
     agree = lambda rs: [r["judge"] == r["pass"] for r in rs]  # noqa: E731
     people = lambda rs: [r["labellers"][0] == r["labellers"][1] for r in rs]  # noqa: E731
     lines = [f"`{command}`", "",
