@@ -132,3 +132,18 @@ def test_pixel_sr_trains_exports_and_loads_through_spandrel(tmp_path, tmp_path_f
     torch.testing.assert_close(sr(x, 2), (net.eval()((x + 1) / 2) * 2 - 1).clamp(-1, 1), atol=2e-2, rtol=0)
     up = PixelUpsampler(load_tokenizer(tokenizer_dir), 2, sr)
     assert up.up(torch.randint(0, 32, (1, 4, 4))).shape == (1, 8, 8)
+
+
+def test_pixel_sr_starts_from_an_earlier_export(tmp_path, tokenizer_dir):
+    """model.init_from for the SR network: an export of experiment=pixel_sr, read through spandrel."""
+    from mulosd.lit.sampler import SamplerModule
+
+    torch.manual_seed(3)
+    earlier = sr_network(2, 8, 2)
+    save(earlier, "sr", tmp_path / "sr", recipe="test", config={"arch": "Compact", "r": 2, "width": 8, "depth": 2})
+    module = SamplerModule(kind="sr", r=2, tokenizer=str(tokenizer_dir), width=8, depth=2,
+                           init_from=str(tmp_path / "sr"),
+                           loss={"stage": "mse_lpips", "commitment": 0.25, "image": {"pixel": "mse", "gan": "none"}},
+                           optim={"lr": 1e-3, "d_lr": 1e-3, "betas": [0.5, 0.9]}, train={"batches": 1})
+    for key, value in earlier.state_dict().items():  # fp16 in the export
+        torch.testing.assert_close(module.sampler.state_dict()[key], value, atol=1e-3, rtol=1e-3)

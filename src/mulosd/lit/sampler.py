@@ -74,9 +74,9 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
     def _init_from(self, name: str) -> None:
         """Start from an earlier stage's exported sampler (its codebook must be this tokenizer's). Weights whose
         shapes differ (a stage-1 logit head in a stage-2 model) are left at their initialisation."""
-        from ..zoo import load_sampler, load_sr_state
+        from ..zoo import load_sampler, load_sr
 
-        theirs = load_sr_state(name) if self.kind == "sr" else \
+        theirs = load_sr(name, self.r).descriptor.model.state_dict() if self.kind == "sr" else \
             load_sampler(name, tokenizer=self.hparams["tokenizer"])[0].state_dict()
         own = self.sampler.state_dict()
         taken = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}

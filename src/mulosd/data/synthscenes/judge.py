@@ -210,6 +210,10 @@ def _detect(image: np.ndarray) -> tuple[list[Detection], list[Detection], str]:
     return [d for d, ok in objects if ok], [d for d, ok in objects if not ok and d.match >= MIN_MATCH], bg
 
 
+def _is_of(d: Detection, spec: ObjectSpec) -> bool:
+    return d.shape == spec.shape and spec.colour in (None, d.colour)
+
+
 def _relation_holds(rel: str, a: Detection, b: Detection) -> bool:
     return {"above": a.cy + RELATION_MARGIN < b.cy, "below": a.cy > b.cy + RELATION_MARGIN,
             "left of": a.cx + RELATION_MARGIN < b.cx, "right of": a.cx > b.cx + RELATION_MARGIN}[rel]
@@ -223,10 +227,9 @@ def judge(image: np.ndarray, prompt: Prompt) -> Verdict:
     exact = prompt.category == "counting"
     checks, matches = {}, []
     for i, spec in enumerate(prompt.objects):
-        of_spec = lambda d: d.shape == spec.shape and spec.colour in (None, d.colour)  # noqa: E731
-        found = [d for d in detections if of_spec(d)]
+        found = [d for d in detections if _is_of(d, spec)]
         matches.append(found)
-        checks[f"object{i}"] = (len(found) == spec.count and not any(of_spec(d) for d in rough)) if exact \
+        checks[f"object{i}"] = (len(found) == spec.count and not any(_is_of(d, spec) for d in rough)) if exact \
             else len(found) >= spec.count
     if prompt.relation:
         checks["relation"] = any(_relation_holds(prompt.relation, a, b) for a in matches[0] for b in matches[1])
