@@ -134,3 +134,19 @@ def test_compile_measures_every_point_both_ways_against_the_roofline(tiny_zoo, t
     assert rows[0]["geneval"] == rows[1]["geneval"] and rows[0]["steps"] == rows[1]["steps"]  # the same images
     table = (tmp_path / "steps.md").read_text()
     assert "| ar | " in table and "one-token step limit" in table
+
+
+def test_the_last_line_names_the_fastest_peer_of_equal_quality_including_one_above_ar():
+    from mulosd.bench import EQUAL_QUALITY, _last_line
+
+    def row(method, strategy, speedup, geneval, r=""):
+        return {"method": method, "strategy": strategy, "speedup": speedup, "geneval": geneval, "r": r}
+
+    ar = row("ar", "ar", 1.0, 0.40)
+    rows = [ar, row("zipar_s3", "zipar", 3.1, 0.44), row("zipar_s1", "zipar", 4.9, 0.40 - 2 * EQUAL_QUALITY),
+            row("sjd_w16", "sjd", 1.6, 0.40 - EQUAL_QUALITY / 2), row("mulosd_a", "mulosd", 2.3, 0.34, 2),
+            row("mulosd_b", "mulosd", 2.0, 0.39, 2)]
+    line = _last_line(rows, ar)
+    # above ar counts as equal quality; a loss beyond the margin does not, however fast
+    assert "best_peer=zipar_s3 best_peer_speedup=3.10" in line, line
+    assert "mulosd_r2 speedup=2.00 geneval=0.390" in line, line

@@ -242,7 +242,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
         images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
         score = geneval_score(images, prompts)
         row = {"method": p.name, "strategy": p.strategy, **{key: dict(p.settings).get(key, "") for key in AXES},
-               "variant": p.variant or "",
+               "variant": p.variant or "", "compiled": p.compiled,
                "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "ms_per_step": 1e3 * sum(c["wall_s"] for c in cells) / sum(c["steps"] for c in cells),
@@ -367,10 +367,17 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
         for r in rows:
             curve = (r["strategy"] if r["strategy"] != "mulosd" else
                      f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
-            curves.setdefault(curve, []).append(r)
+            curves.setdefault(curve + " compiled" * bool(r.get("compiled")), []).append(r)
+        if key == "geneval":  # ar's level, and each point's paired 95% interval against ar around it
+            ax.axhline(rows[0]["geneval"], color="grey", lw=0.8, ls="--")
+            ax.set_title("dashed: ar; bars: 95% interval of the paired difference from ar", fontsize=8)
         for curve, rs in curves.items():
             rs = sorted(rs, key=lambda r: next((r[k] for k in ("tau", "window") if r[k] != ""), 0))
-            ax.plot([r["speedup"] for r in rs], [r[key] for r in rs], "o-" if len(rs) > 1 else "s", label=curve)
+            line, = ax.plot([r["speedup"] for r in rs], [r[key] for r in rs], "o-" if len(rs) > 1 else "s",
+                            label=curve)
+            if key == "geneval":
+                ax.errorbar([r["speedup"] for r in rs], [r[key] for r in rs], [r["geneval_vs_ar_ci95"] for r in rs],
+                            fmt="none", ecolor=line.get_color(), alpha=0.5, capsize=2)
             for r in rs:
                 if r["tau"] != "" or r["window"] != "":
                     text = f"τ={r['tau']:g}" if r["tau"] != "" else f"s={r['window']}"
@@ -384,8 +391,12 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     plt.close(fig)
 
 
+# "equal quality": GenEval at most this far below `ar`'s (a method above `ar` is of equal quality too)
+EQUAL_QUALITY = 0.02
+
+
 def _last_line(rows: list[dict], ar: dict) -> str:
-    near = [r for r in rows if abs(r["geneval"] - ar["geneval"]) <= 0.03]
+    near = [r for r in rows if r["geneval"] >= ar["geneval"] - EQUAL_QUALITY]
     ours = [r for r in rows if r["strategy"] == "mulosd" and r["r"] == 2]
     peers = [r for r in near if r["strategy"] not in ("ar", "mulosd")]
     peer = max(peers, key=lambda r: r["speedup"]) if peers else None

@@ -5,8 +5,8 @@ are the saturated ones (backgrounds are drawn at low saturation); a connected re
 colours, is one object, unless its colours taken apart fit shapes better than the whole (objects of
 different colours that touch). An object's shape is the template that fits it best, placed from its area
 and centroid, if it fits well enough and clearly better than the others (else it is a blob of no shape); a
-visible hole makes a round object a ring. Its colour is the palette colour (nearest in hue) of most of its
-pixels, or none when no colour has most (a two-coloured object). The checks then follow GenEval's rules:
+visible hole makes any object a ring. Its colour is the palette colour (nearest in hue) of a clear
+majority of its pixels, or none when no colour has one (a two-coloured object). The checks then follow GenEval's rules:
 presence (at least one), exact counts for counting prompts, colours, and relative position of centroids.
 The background's colour is checked too, separately, because in this world the caption names it.
 
@@ -38,8 +38,9 @@ MIN_MATCH = 0.45  # below this a component is no shape: e.g. the hue fringe wher
 MIN_AREA = 0.004  # smallest object, as a fraction of the image (the world's smallest: ~0.011); below, a speck
 CIRCLE_MIN_MATCH = 0.83  # any compact blob fits a disc fairly well: a circle must fit it closely
 SHAPE_MARGIN = 0.03  # the best shape must fit clearly better than the next: else it is a blob of no shape
-RING_MIN_HOLE = 0.1  # a round object whose enclosed holes are this share of its filled area is a ring
-DOMINANT = 0.5  # an object has the colour of more than this share of its pixels, or none
+RING_MIN_HOLE = 0.1  # an object whose enclosed holes are this share of its filled area is a ring
+DOMINANT = 0.65  # an object has the colour of more than this share of its pixels, or none (people call a 60/40
+#                  object two-coloured)
 RELATION_MARGIN = 0.05  # centroids must differ by this fraction of the image side
 GREY_MAX_SATURATION = 0.12
 
@@ -126,14 +127,15 @@ def shape_scores(component: np.ndarray) -> dict[str, float]:
 
 def _classify_shape(component: np.ndarray) -> tuple[str, float, bool]:
     """Best-fitting shape of a component mask, its soft IoU with that shape, and whether a person would
-    recognise it as that shape (it fits well enough, and clearly better than any other shape)."""
+    recognise it as that shape (it fits well enough, and clearly better than any other shape, or it has a
+    visible hole)."""
     scores = shape_scores(component)
     first, second = sorted(scores, key=scores.get, reverse=True)[:2]
-    if first in ("circle", "ring"):  # a visible hole makes a round object a ring, however thick
-        filled = ndimage.binary_fill_holes(component)
-        if (filled.sum() - component.sum()) >= RING_MIN_HOLE * filled.sum():
-            match = max(scores["circle"], scores["ring"])
-            return "ring", match, match >= MIN_MATCH
+    # a visible hole makes an object a ring, however thick or angular it is: no other shape has one
+    filled = ndimage.binary_fill_holes(component)
+    if (filled.sum() - component.sum()) >= RING_MIN_HOLE * filled.sum():
+        match = max(scores["circle"], scores["ring"])
+        return "ring", match, match >= MIN_MATCH
     floor = CIRCLE_MIN_MATCH if first == "circle" else MIN_MATCH
     return first, scores[first], scores[first] >= floor and scores[first] - scores[second] >= SHAPE_MARGIN
 
@@ -150,9 +152,10 @@ def _fit(component: np.ndarray, top: int, left: int, h: int, w: int, colour: str
 def _objects(region: np.ndarray, hues: np.ndarray, top: int, left: int, h: int, w: int
              ) -> list[tuple[Detection, bool]]:
     """The objects in one connected region of object pixels (any colours), each with whether it is recognised
-    as its shape: one object of the region's shape, coloured by the palette colour of most of its pixels (none
-    if no colour has more than DOMINANT of them); or, where the region's colours taken apart fit shapes better
-    than the whole does (objects of different colours that touch), one object per colour component."""
+    as its shape: one object of the region's shape, coloured by the palette colour of a clear majority of its
+    pixels (none if no colour has more than DOMINANT of them); or, where the region's colours taken apart fit
+    shapes better than the whole does (objects of different colours that touch), one object per colour
+    component."""
     names = list(vocab.COLOURS)
     min_px = MIN_AREA * h * w
     shares = np.bincount(hues[region], minlength=len(names)) / region.sum()
