@@ -6,8 +6,9 @@ colours, is one object, unless its colours taken apart fit shapes better than th
 different colours that touch). An object's shape is the template that fits it best, placed from its area
 and centroid, if it fits well enough and clearly better than the others (else it is a blob of no shape); a
 visible hole makes any object a ring. Its colour is the palette colour (nearest in hue) of a clear
-majority of its pixels, or none when no colour has one (a two-coloured object). The checks then follow GenEval's rules:
-presence (at least one), exact counts for counting prompts, colours, and relative position of centroids.
+majority of its pixels, or none when no colour has one (a two-coloured object). The checks then follow
+GenEval's rules: presence (at least one), exact counts for counting prompts, colours, and relative position
+of centroids.
 The background's colour is checked too, separately, because in this world the caption names it.
 
 `selftest` measures the judge against ground truth: each scene is judged against its true caption (the
