@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # every swept knob: a column of results.csv (blank where a point does not sweep it)
 AXES = tuple(dict.fromkeys(a.key for s in STRATEGIES.values() for a in s.sweep))
-
+# "equal quality": GenEval at most this far below `ar`'s (a method above `ar` is of equal quality too)
+EQUAL_QUALITY = 0.02
 
 
 @dataclass(frozen=True)
@@ -367,7 +368,7 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
         for r in rows:
             curve = (r["strategy"] if r["strategy"] != "mulosd" else
                      f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
-            curves.setdefault(curve + " compiled" * bool(r.get("compiled")), []).append(r)
+            curves.setdefault(curve + " compiled" * r["compiled"], []).append(r)
         if key == "geneval":  # ar's level, and each point's paired 95% interval against ar around it
             ax.axhline(rows[0]["geneval"], color="grey", lw=0.8, ls="--")
             ax.set_title("dashed: ar; bars: 95% interval of the paired difference from ar", fontsize=8)
@@ -389,10 +390,6 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=120)
     plt.close(fig)
-
-
-# "equal quality": GenEval at most this far below `ar`'s (a method above `ar` is of equal quality too)
-EQUAL_QUALITY = 0.02
 
 
 def _last_line(rows: list[dict], ar: dict) -> str:
