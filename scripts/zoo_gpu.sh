@@ -2,8 +2,10 @@
 # Zoo v2's AR model (one multi-resolution transformer, 64 + 128 px) trained on one GPU in under 10 minutes:
 # the CPU recipe of record (experiment=zoo_ar_v2: world big, 49152 scenes, both grids, object weight 2, EMA,
 # compiled training) with a GPU's batch (128 scenes, 4000 batches: the same 10 epochs; lr x2, warm-up and EMA
-# horizon scaled with the batch count), then its export and the AR report (GenEval at 64 and 128 px on 200
-# held-out prompts, FD-VGG). Untested on a GPU so far (none lent yet); `smoke` runs every step shrunk here.
+# horizon scaled with the batch count; 9 layers from the start, the shipped model's shape), stopped after
+# MAX_TIME of training if unfinished, then its export and the AR report beside the shipped model's, both at the
+# same guidance (GenEval at 64 and 128 px on 200 held-out prompts; FD-VGG here only: the VGG trunk's source is
+# too large to travel). `smoke` runs every step shrunk here, on the CPU.
 #
 #   scripts/zoo_gpu.sh wheels     # here, once: the Python packages the GPU machine lacks -> .whl/ (git-ignored)
 #   scripts/zoo_gpu.sh            # there, through the device tool with carry [".whl"], timeout_s 600;
@@ -23,21 +25,13 @@ if [ "${1:-}" = wheels ]; then
     exit 0
 fi
 
-if [ -x .venv/bin/python ]; then
-    PY=${PY:-.venv/bin/python}
-else  # the GPU machine: its own python3 and torch, our wheels, this checkout's sources
-    PY=${PY:-python3}
-    if [ -d .whl ]; then
-        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    fi
-    export PYTHONPATH=/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+source scripts/device_python.sh
 
 RUN=${RUN:-/tmp/zoo_ar_v2_gpu}
 OUT=${OUT:-$RUN/out}
 TRAIN=(experiment=zoo_ar_v2 "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs" "data.synth.dir=$RUN/shards"
-       "data.token_cache=$RUN/tokens" model.optim.lr=2e-3 model.ema=0.996 trainer.max_time=00:00:05:00)
+       "data.token_cache=$RUN/tokens" model.optim.lr=2e-3 model.ema=0.996 model.transformer.layers=9
+       "trainer.max_time=${MAX_TIME:-00:00:05:00}")
 if [ "${1:-}" = smoke ]; then
     TRAIN+=(trainer=cpu data.synth.train_shards=2 data.synth.per_shard=64 data.batch_size=16 model.train.batches=4
             model.train.val_every=2 model.train.ckpt_every=2 model.train.val_batches=1 model.optim.warmup_batches=0
@@ -47,7 +41,7 @@ if [ "${1:-}" = smoke ]; then
 else
     TRAIN+=(trainer=gpu data.batch_size=128 model.train.batches=4000 model.optim.warmup_batches=50 model.train.val_every=500
             model.train.ckpt_every=500)
-    REPORT=(--n 200 --fd --radius 0.11 0.145)
+    REPORT=(--n 200 --batch 50)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
 mkdir -p "$OUT"
@@ -55,7 +49,7 @@ mkdir -p "$OUT"
 SECONDS=0
 "$PY" train.py "${TRAIN[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" | tee "$OUT/train.log"
 echo "trained in ${SECONDS} s" | tee -a "$OUT/train.log"
-"$PY" -m mulosd.reports.ar --models "$RUN/export" "${REPORT[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" \
+"$PY" -m mulosd.reports.ar --models "$RUN/export,synthscenes_ar_v2" --cfg-scale 7 "${REPORT[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" \
     | tee "$OUT/report.txt"
 echo "total ${SECONDS} s" | tee -a "$OUT/report.txt"
 cp "$RUN"/export/* "$OUT/"
