@@ -7,12 +7,9 @@ import torch
 
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
-from mulosd.decoding import MuLoSDConfig
 from mulosd.decoding.ar import decode_ar
-from mulosd.decoding.mulosd import decode_mulosd
-from mulosd.decoding.zipar import decode_zipar
-from mulosd.samplers import LatentDownsampler, LatentUpsampler
-from mulosd.tokenizer.neighbours import neighbour_table
+
+from .test_device_path import CASES, V, decodes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CAPS = ["a red circle", "two blue squares"]
@@ -37,16 +34,12 @@ def test_bf16_cached_logits_agree_with_fp32_on_the_cpu():
     torch.testing.assert_close(got.softmax(-1), want.softmax(-1), atol=2e-2, rtol=0)
 
 
-def test_every_strategy_runs_on_the_gpu_in_bf16():
-    verifier, drafter = _models(8).to("cuda", torch.bfloat16), _models(4).to("cuda", torch.bfloat16)
-    enc = SceneCaptionEncoder(16).eval().to("cuda")
-    codebook = torch.nn.functional.normalize(torch.randn(64, 8), dim=-1)
-    up, down = LatentUpsampler(codebook, 2, 16, 1).cuda().eval(), LatentDownsampler(codebook, 2, 16, 1).cuda().eval()
-    bb = lambda m: ARBackbone(m, enc, 3.0)  # noqa: E731
-    for tokens, _ in (decode_ar(bb(verifier), CAPS), decode_zipar(bb(verifier), CAPS, window=2),
-                      decode_mulosd(bb(verifier), bb(drafter), up.up, down.down, CAPS,
-                                    neighbour_table(codebook, 4).cuda(), MuLoSDConfig(tau=0.1, pool_k=4))):
-        assert tokens.shape == (2, 8, 8) and tokens.is_cuda and 0 <= int(tokens.min()) <= int(tokens.max()) < 64
+@pytest.mark.parametrize("case", CASES)
+def test_every_strategy_runs_on_the_gpu_in_bf16(case):
+    """test_device_path.py's decodes (every strategy, CFG, batch 2, host image ids) on the real device."""
+    _, _, run = next(c for c in decodes(torch.bfloat16, "cuda") if c[0] == case)
+    tokens, _ = run()
+    assert tokens.shape == (2, 8, 8) and tokens.is_cuda and 0 <= int(tokens.min()) <= int(tokens.max()) < V
 
 
 def test_the_compiled_step_with_cuda_graphs_changes_no_token():

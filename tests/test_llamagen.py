@@ -283,7 +283,7 @@ def test_the_gpu_cost_model_harness_runs_on_tiny_shapes(tmp_path):
     from mulosd.decoding import MuLoSDConfig
     from mulosd.reports.costmodel import measure, table
 
-    m = measure("tiny", "cpu", torch.float32, rates=(1.0, 0.5))
+    m = measure("tiny", "cpu", torch.bfloat16, rates=(1.0, 0.5))  # bf16, as on the GPU
     full, half = m["mulosd"]["1.0"], m["mulosd"]["0.5"]
     assert m["tokens"] == 64  # an 8 x 8 verifier grid over a 4 x 4 drafter
     rounds = -(-4 // MuLoSDConfig().draft_rows)  # it measures what infer.py ships

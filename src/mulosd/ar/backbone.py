@@ -120,11 +120,11 @@ class ARBackbone:
         """Reset the cache for these captions and fill the prefix; returns logits [B, 1, V] for position 0."""
         B, P = len(captions), self.model.cfg.prefix
         feats, visible = _features(self.encoder(captions))
-        prefix = self.model.condition(feats.to(self.device), B)
+        dtype = next(self.model.parameters()).dtype  # a bf16 model may sit beside an fp32 caption encoder
+        prefix = self.model.condition(feats.to(self.device, dtype), B)
         if self.guided:  # the null rows share the caption's padding mask, as LlamaGen's sampler does
             prefix = torch.cat([prefix, self.model.condition(None, B)])
             visible = None if visible is None else visible.repeat(2, 1)
-        dtype = next(self.model.parameters()).dtype
         self.cache = KVCache(self.model.cfg, prefix.shape[0], device=self.device, dtype=dtype)
         slots = torch.arange(P, device=self.device).expand(prefix.shape[0], P)
         fill = None if visible is None else visible.to(self.device)

@@ -38,16 +38,17 @@ def hash32(*words: torch.Tensor | int) -> torch.Tensor:
     h, i = 0x9E3779B9, 0
     while i < len(words) and isinstance(words[i], int):  # leading Python ints (seed, stream): plain integers,
         h, i = _lowbias32((h ^ words[i]) & MASK32), i + 1  # the same values without tensor ops per call
-    h = torch.tensor(h, dtype=torch.int64)
-    for w in words[i:]:
-        h = _lowbias32((h ^ (torch.as_tensor(w, dtype=torch.int64) & MASK32)) & MASK32)
+    device = next((w.device for w in words[i:] if isinstance(w, torch.Tensor)), None)
+    h = torch.tensor(h, dtype=torch.int64, device=device)
+    for w in words[i:]:  # on the first tensor word's device: image ids often live on the host
+        h = _lowbias32((h ^ (torch.as_tensor(w, dtype=torch.int64, device=device) & MASK32)) & MASK32)
     return h
 
 
 def uniform(seed: int, images: torch.Tensor, positions: torch.Tensor, stream: int, size: int | None = None):
     """Float64 uniforms in (0, 1) keyed by (seed, image[b], position[b, n], stream[, k < size]) -> [B, n(, size)].
     Float64, because 1 - 2**-25 rounds to 1.0 in float32 and would make a Gumbel infinite."""
-    img = images.long().view(-1, *([1] * (positions.dim() - 1)))
+    img = images.long().to(positions.device).view(-1, *([1] * (positions.dim() - 1)))
     pos = positions.long()
     if size is not None:
         img, pos = img.unsqueeze(-1), pos.unsqueeze(-1)

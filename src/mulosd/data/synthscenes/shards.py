@@ -67,6 +67,14 @@ def write_shard(path: Path, seed: int, first_index: int, count: int, size: int, 
     return atomic_write(Path(path), write)
 
 
+def _one_thread() -> None:
+    """A shard worker's math libraries on one thread: the workers already fill the cores, and a BLAS pool per
+    worker (as many threads as cores, in as many workers) spins against the others (docs/log.md)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)
+
+
 def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size: int, seed: int,
                 first_index: int = 0, image_format: str = "png", workers: int | None = None,
                 progress: bool = True, radius: tuple[float, float] = RADIUS_RANGE, first_shard: int = 0
@@ -91,7 +99,7 @@ def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size
                 write_shard(*args)
                 bar.update()
         else:
-            with ProcessPoolExecutor(workers) as pool:
+            with ProcessPoolExecutor(workers, initializer=_one_thread) as pool:
                 for _ in pool.map(write_shard, *zip(*todo, strict=True)):
                     bar.update()
     return paths
