@@ -101,3 +101,11 @@ def test_the_virtual_device_catches_a_host_tensor_meeting_a_device_one():
             _lowbias32(torch.arange(2)[:, None] ^ positions)
         with pytest.raises(DeviceMix):
             torch.arange(16).view(2, 8)[positions > 3]
+        with pytest.raises(DeviceMix):  # .numpy() of a CUDA tensor fails without .cpu()
+            positions.numpy()
+        positions.cpu().numpy()
+        with pytest.raises(DeviceMix):  # index_put_ moves 0-dim values only
+            positions.clone()[0, torch.tensor([1, 2])] = torch.tensor([7, 7])
+        row = positions.clone()
+        row[0, torch.tensor([1, 2])] = torch.tensor(7)
+        row[0, 1:3] = torch.tensor([7, 7])  # a copy into a slice: fine

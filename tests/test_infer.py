@@ -281,3 +281,30 @@ def test_asking_a_pipeline_for_a_strategy_it_did_not_load_is_a_one_line_error(ti
     assert "\n" not in str(e.value)
     with pytest.raises(ValueError, match="unknown decoding 'beam'"):
         pipe.decode("beam", cfg, ["a circle"], torch.arange(1))
+
+
+def test_the_synthscenes_pipeline_loads_every_model_on_the_configured_device(tiny_zoo, monkeypatch):
+    """device=cuda puts every model there (it once left the SynthScenes zoo on the CPU, silently); checked here
+    by the device each loader is asked for, the models themselves loaded on the CPU."""
+    import mulosd.tokenizer.neighbours as neighbours
+    import mulosd.zoo as zoo
+
+    asked = []
+    for name, real in ((n, getattr(zoo, n)) for n in ("load_ar", "load_tokenizer", "load_sampler")):
+        def spy(*args, _real=real, _name=name, device="cpu", **kw):
+            if sys._getframe(1).f_globals["__name__"] == "mulosd.pipeline":  # not a check's own load
+                asked.append((_name, device))
+            return _real(*args, **kw)
+        monkeypatch.setattr(zoo, name, spy)
+
+    class Table:  # the neighbour table, moved to the device once
+        def to(self, device):
+            asked.append(("neighbours", device))
+            return self
+    monkeypatch.setattr(neighbours, "cached_neighbour_table", lambda codebook, k: Table())
+    models = [f"models.{k}={tiny_zoo / v}" for k, v in (("tokenizer", "tok"), ("verifier", "ar128"),
+                                                         ("drafter", "ar64"), ("small", "small"), ("up", "up"),
+                                                         ("down", "down"))]
+    Pipeline.from_config(compose_config("infer", [*models, "device=cuda"]), {"ar", "sd", "mulosd"})
+    assert {what for what, _ in asked} == {"load_ar", "load_tokenizer", "load_sampler", "neighbours"}
+    assert all(device == "cuda" for _, device in asked), asked

@@ -83,8 +83,8 @@ class Pipeline:
         from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer, sample_at
 
         m, r = cfg.models, cfg.r
-        tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer)
-        verifier, encoder, meta = _load("models.verifier", load_ar, m.verifier)
+        tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer, device=cfg.device)
+        verifier, encoder, meta = _load("models.verifier", load_ar, m.verifier, device=cfg.device)
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
         cfg_scale, schedule, warpers = sampling(cfg, meta["sample"])
         extra = {"cfg_schedule": schedule}
@@ -94,7 +94,7 @@ class Pipeline:
             if k >= codes:
                 raise ConfigError("pool_k" if cfg.pool_k >= cfg.lantern_k else "lantern_k",
                                   f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
-            extra["neighbours"] = cached_neighbour_table(tokenizer.codebook(), k)
+            extra["neighbours"] = cached_neighbour_table(tokenizer.codebook(), k).to(cfg.device)
         if "mulosd" in strategies:
             low = meta["resolution"] // r
             if m.drafter is None and low in (meta.get("resolutions") or []):
@@ -106,7 +106,7 @@ class Pipeline:
                     extra["drafter_cfg_schedule"] = sample_at(meta, low).get("cfg_schedule")
             else:
                 name = m.drafter or f"synthscenes_ar_{low}"
-                drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name)
+                drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name, device=cfg.device)
                 _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
                 if low in (dmeta.get("resolutions") or []):  # a multi-resolution drafter, at the low grid
                     drafter = drafter.at_grid(verifier.cfg.grid // r)
@@ -115,10 +115,11 @@ class Pipeline:
                                        f"{drafter.cfg.grid}")
             up = m.up or f"synthscenes_up{r}_{cfg.stage}"
             extra |= {"drafter": drafter, "drafter_encoder": drafter_encoder,
-                      "up": _upsampler(cfg, tokenizer, up, m.tokenizer),
-                      "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer)[0].down}
+                      "up": _upsampler(cfg, tokenizer, up, m.tokenizer, device=cfg.device),
+                      "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer,
+                                    device=cfg.device)[0].down}
         if strategies & {"sd", "lantern"}:
-            small, small_encoder, smeta = _load("models.small", load_ar, m.small)
+            small, small_encoder, smeta = _load("models.small", load_ar, m.small, device=cfg.device)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
             extra |= {"small": small, "small_encoder": small_encoder}
         return cls(tokenizer, verifier, encoder, cfg_scale, warpers, **extra)
@@ -174,7 +175,7 @@ class Pipeline:
             log.warning(f"temperature=0 (greedy) with {cfg.backbone}: greedy decoding is known to ruin its 512 px "
                         "images (repeated textures); its own default is temperature 1")
         if "mulosd" in strategies:
-            extra |= {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)),
+            extra |= {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)).to(cfg.device),
                       "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
                       "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}

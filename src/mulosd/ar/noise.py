@@ -38,9 +38,10 @@ def hash32(*words: torch.Tensor | int) -> torch.Tensor:
     h, i = 0x9E3779B9, 0
     while i < len(words) and isinstance(words[i], int):  # leading Python ints (seed, stream): plain integers,
         h, i = _lowbias32((h ^ words[i]) & MASK32), i + 1  # the same values without tensor ops per call
-    device = next((w.device for w in words[i:] if isinstance(w, torch.Tensor)), None)
+    devices = [w.device for w in words[i:] if isinstance(w, torch.Tensor)]
+    device = next((d for d in devices if d.type != "cpu"), devices[0] if devices else None)
     h = torch.tensor(h, dtype=torch.int64, device=device)
-    for w in words[i:]:  # on the first tensor word's device: image ids often live on the host
+    for w in words[i:]:  # on the accelerator if any word is there: image ids often live on the host
         h = _lowbias32((h ^ (torch.as_tensor(w, dtype=torch.int64, device=device) & MASK32)) & MASK32)
     return h
 

@@ -16,9 +16,9 @@ def decode_ar(backbone: ARBackbone, captions: list[str], seed: int = 0, warpers:
     does not depend on its batch; image_ids defaults to 0..B-1."""
     B, g = len(captions), backbone.grid
     warpers = warpers or Warpers()
-    ids = torch.arange(B) if image_ids is None else image_ids
     trace = Trace("ar", images=B, tokens=B * g * g).start(verifier=backbone)
     logits = backbone.start(captions)
+    ids = (torch.arange(B) if image_ids is None else image_ids).to(logits.device)
     tokens = torch.empty(B, g * g, dtype=torch.long, device=logits.device)
     for i in range(g * g):
         pos = torch.full((B, 1), i, device=logits.device)
