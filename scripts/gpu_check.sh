@@ -15,11 +15,15 @@ source scripts/device_python.sh
 DEST=${DEST:-docs}
 PART=${1:-all}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+status=0
 if [ "$PART" != cost ]; then
-    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+    timeout 200 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py || status=$?
 fi
 if [ "$PART" != tests ]; then
-    timeout 180 "$PY" -m mulosd.reports.costmodel --device cuda --dtype bfloat16 --out "$DEST/gpu_cost"
-    timeout 150 "$PY" -m mulosd.reports.costmodel --size tar512 --rates 0.97 --device cuda --out "$DEST/gpu_cost_tar512"
-    timeout 60 "$PY" -m mulosd.reports.costmodel --size tar1024 --rates '' --device cuda --out "$DEST/gpu_cost_tar1024"
+    timeout 180 "$PY" -m mulosd.reports.costmodel --device cuda --dtype bfloat16 --out "$DEST/gpu_cost" || status=$?
+    timeout 150 "$PY" -m mulosd.reports.costmodel --size tar512 --rates 0.97 --device cuda \
+        --out "$DEST/gpu_cost_tar512" || status=$?
+    timeout 60 "$PY" -m mulosd.reports.costmodel --size tar1024 --rates '' --device cuda \
+        --out "$DEST/gpu_cost_tar1024" || status=$?
 fi
+exit $status

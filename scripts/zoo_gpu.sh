@@ -8,7 +8,8 @@
 # too large to travel). `smoke` runs every step shrunk here, on the CPU.
 #
 #   scripts/zoo_gpu.sh wheels     # here, once: the Python packages the GPU machine lacks -> .whl/ (git-ignored)
-#   scripts/zoo_gpu.sh            # there, through the device tool with carry [".whl"], timeout_s 600;
+#   scripts/zoo_gpu.sh            # there, through the device tool with carry [".whl"], timeout_s 600 (or the
+#                                 # whole lease in one call: scripts/gpu_lease.sh);
 #                                 # what to keep lands in $OUT (export, report, logs: at most 8 files)
 #   scripts/zoo_gpu.sh smoke      # here: the same steps on 2 shards and 4 batches, on the CPU
 set -euo pipefail
