@@ -24,7 +24,7 @@ CAPS = ["a red circle", "two blue squares"]
 V = 64
 
 
-def _model(grid: int, seed: int = 0) -> Transformer:
+def tiny_model(grid: int, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     return Transformer(TransformerConfig(vocab_size=V, grid=grid, dim=64, layers=2, heads=4, cond_dim=16)).eval()
 
@@ -32,7 +32,7 @@ def _model(grid: int, seed: int = 0) -> Transformer:
 def decodes(dtype: torch.dtype, device: str = "cpu"):
     """(name, models to place, a thunk decoding CAPS) for every strategy and its structural options; the AR
     models in `dtype`, everything on `device` (test_gpu.py: cuda)."""
-    verifier, small, drafter = (_model(g, seed).to(device, dtype) for g, seed in ((8, 0), (8, 1), (4, 2)))
+    verifier, small, drafter = (tiny_model(g, seed).to(device, dtype) for g, seed in ((8, 0), (8, 1), (4, 2)))
     enc = SceneCaptionEncoder(16).eval().to(device)  # fp32, as the caption encoders stay
     codebook = torch.nn.functional.normalize(torch.randn(V, 8, generator=torch.Generator().manual_seed(3)), dim=-1)
     up, down = (S(codebook, 2, 16, 1).eval().to(device) for S in (LatentUpsampler, LatentDownsampler))

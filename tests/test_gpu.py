@@ -5,23 +5,17 @@ token."""
 import pytest
 import torch
 
-from mulosd.ar import ARBackbone, Transformer, TransformerConfig
+from mulosd.ar import ARBackbone
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding.ar import decode_ar
 
-from .test_device_path import CASES, V, decodes
+from .test_device_path import CAPS, CASES, V, decodes, tiny_model
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-CAPS = ["a red circle", "two blue squares"]
-
-
-def _models(grid):
-    torch.manual_seed(0)
-    return Transformer(TransformerConfig(vocab_size=64, grid=grid, dim=64, layers=2, heads=4, cond_dim=16)).eval()
 
 
 def test_bf16_cached_logits_agree_with_fp32_on_the_cpu():
-    model, enc = _models(8), SceneCaptionEncoder(16).eval()
+    model, enc = tiny_model(8), SceneCaptionEncoder(16).eval()
     pos = torch.arange(63)[None].expand(2, -1)
     toks = torch.randint(0, 64, (2, 63), generator=torch.Generator().manual_seed(1))
     want = ARBackbone(model, enc, 3.0)
@@ -48,7 +42,7 @@ def test_the_compiled_step_with_cuda_graphs_changes_no_token():
     from mulosd.decoding import SJDConfig
     from mulosd.decoding.sjd import decode_sjd
 
-    verifier, enc = _models(8).cuda(), SceneCaptionEncoder(16).eval().cuda()
+    verifier, enc = tiny_model(8).cuda(), SceneCaptionEncoder(16).eval().cuda()
     eager, _ = decode_ar(ARBackbone(verifier, enc, 3.0), CAPS, seed=1)
     compiled, _ = decode_ar(ARBackbone(verifier, enc, 3.0, compile=True), CAPS, seed=1)
     assert torch.equal(eager, compiled)

@@ -31,7 +31,7 @@ LIKE = {torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like, to
         torch.randint_like}
 NEW = {T.new_zeros, T.new_ones, T.new_full, T.new_empty, T.new_tensor}
 TO_HOST = {T.cpu}
-MOVES = {T.cpu, T.cuda, T.to, torch.as_tensor}  # each may return its input unchanged on the CPU
+MOVES = {T.cpu, T.to, torch.as_tensor}  # each may return its input unchanged on the CPU
 ASSIGN = {T.__setitem__, T.copy_}  # cross-device copies are legal
 
 
@@ -87,8 +87,6 @@ class VirtualDevice(TorchFunctionMode):
             self._mark(out, self.is_on(args[0]))
         elif func in TO_HOST:
             self._mark(out, False)
-        elif func is T.cuda:
-            self._mark(out, True)
         elif func is T.to:
             target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device, T))), None))
             if isinstance(target, T):

@@ -49,7 +49,7 @@ def hash32(*words: torch.Tensor | int) -> torch.Tensor:
 def uniform(seed: int, images: torch.Tensor, positions: torch.Tensor, stream: int, size: int | None = None):
     """Float64 uniforms in (0, 1) keyed by (seed, image[b], position[b, n], stream[, k < size]) -> [B, n(, size)].
     Float64, because 1 - 2**-25 rounds to 1.0 in float32 and would make a Gumbel infinite."""
-    img = images.long().to(positions.device).view(-1, *([1] * (positions.dim() - 1)))
+    img = images.long().view(-1, *([1] * (positions.dim() - 1)))
     pos = positions.long()
     if size is not None:
         img, pos = img.unsqueeze(-1), pos.unsqueeze(-1)
