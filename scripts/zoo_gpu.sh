@@ -14,7 +14,7 @@
 #   scripts/zoo_gpu.sh smoke      # here: the same steps on 2 shards and 4 batches, on the CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WHEELS="hydra-core==1.3.2 omegaconf==2.3.0 webdataset==1.0.2 braceexpand==0.1.7"
+WHEELS="hydra-core==1.3.2 omegaconf==2.3.0 webdataset==1.0.2 braceexpand==0.1.7 threadpoolctl==3.6.0"
 
 if [ "${1:-}" = wheels ]; then
     grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
