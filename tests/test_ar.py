@@ -1,6 +1,7 @@
 """The AR backbone: KV cache against full forwards, scattered positions, batch independence, order-free
 noise, classifier-free guidance, warpers, caption conditioning, and the zoo_ar recipes."""
 
+import contextlib
 import subprocess
 import sys
 from unittest import mock
@@ -499,7 +500,9 @@ def test_compiled_training_gives_the_eager_loss_and_gradients_at_every_grid():
     grads = []
     for compiled in (False, True):
         m = _module(grids=(2, 4), resolutions=[16, 32], compile=compiled).train()
-        loss = m.loss(batch, drop)
+        with symbolic_sizes() as symbols:
+            loss = m.loss(batch, drop)
+        assert not symbols, f"static graphs per grid (dynamic ones fail in inductor's CUDA backward): {symbols}"
         loss.backward()
         grads.append((loss.detach(), [p.grad.clone() for p in m.model.parameters()]))
         assert len(m._compiled) == (2 if compiled else 0), "one compiled graph per grid, and only when asked"
@@ -508,6 +511,26 @@ def test_compiled_training_gives_the_eager_loss_and_gradients_at_every_grid():
     (l0, g0), (l1, g1) = grads
     assert torch.allclose(l0, l1, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1, strict=True))
+
+
+@contextlib.contextmanager
+def symbolic_sizes():
+    """The sizes dynamo makes symbolic (automatic dynamic shapes) inside the block, as its log names them."""
+    import logging
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if "create_symbol" in record.getMessage():
+                found.append(record.getMessage()[:80])
+
+    found, log, handler = [], logging.getLogger("torch.fx.experimental.symbolic_shapes"), Collect()
+    torch._logging.set_logs(dynamic=logging.INFO)
+    log.addHandler(handler)
+    try:
+        yield found
+    finally:
+        log.removeHandler(handler)
+        torch._logging.set_logs()
 
 
 def token_ce_eager(m, batch, size):

@@ -109,9 +109,11 @@ class ARModule(L.LightningModule):
         return token_ce(nets["model"].at_grid(grid), tokens, cond, drop)
 
     def _compiled_ce(self, grid: int):
-        # one view per grid, kept: a fresh `at_grid` view on every call would fail dynamo's guards and recompile
+        # one view per grid, kept: a fresh `at_grid` view on every call would fail dynamo's guards and recompile.
+        # Static shapes: every grid traces the same code, so dynamo's default would make the second grid's
+        # sequence length symbolic, and inductor's CUDA backward of that graph fails (a bf16 run on an H200)
         if grid not in self._compiled:
-            self._compiled[grid] = torch.compile(functools.partial(token_ce, self.model.at_grid(grid)))
+            self._compiled[grid] = torch.compile(functools.partial(token_ce, self.model.at_grid(grid)), dynamic=False)
         return self._compiled[grid]
 
     def loss(self, batch: dict, drop: torch.Tensor | None = None) -> torch.Tensor:
