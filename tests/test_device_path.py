@@ -45,6 +45,8 @@ def decodes(dtype: torch.dtype, device: str = "cpu"):
     mulosd = {"default": MuLoSDConfig(tau=0.3, pool_k=4),
               "reverify, radius 2, whole grid": MuLoSDConfig(tau=0.3, pool_k=4, expanded="reverify", radius=2,
                                                              draft_rows=4),
+              "jacobi windows in islands, reverify": MuLoSDConfig(tau=0.3, pool_k=4, expanded="reverify",
+                                                                  resample_jacobi=3),
               "parallel islands, threshold": MuLoSDConfig(tau=0.3, pool_k=4, resample="parallel",
                                                           acceptance="threshold"),
               "serial islands, raster": MuLoSDConfig(tau=0.3, pool_k=4, resample="serial", rejection="raster",

@@ -137,7 +137,8 @@ class ARBackbone:
     def __call__(self, positions: torch.Tensor, tokens: torch.Tensor, groups: torch.Tensor | None = None
                  ) -> torch.Tensor:
         """Write tokens [B, n] at grid positions [B, n]; logits [B, n, V] for the positions that follow.
-        `groups` [n]: draft windows that do not see each other (`Transformer.step`; the eager step runs them)."""
+        `groups` [n] or [B, n]: draft windows that do not see each other (`Transformer.step`; the eager step
+        runs them)."""
         if self.cache is None:
             raise RuntimeError("call start(captions) first")
         if positions.shape != tokens.shape or positions.shape[0] != self.batch:
@@ -152,6 +153,8 @@ class ARBackbone:
         tokens = tokens.to(self.device)
         if self.guided:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
+            if groups is not None and groups.dim() == 2:
+                groups = groups.repeat(2, 1)
         n = slots.shape[1]
         if groups is not None:
             logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache, groups=groups), scale)

@@ -15,8 +15,9 @@ import torch
 
 MASK32 = 0xFFFFFFFF
 # streams: independent noise for the different uses of one position (COUPLE_*: SJD's maximal coupling, keyed by
-# position and iteration, see decoding/sjd.py)
-GUMBEL, ACCEPT, DRAFT, COUPLE_TEST, COUPLE_DRAW = 0, 1, 2, 3, 4
+# position and iteration, see decoding/sjd.py; ISLAND_*: MuLo-SD's Jacobi drafts inside islands and their tests,
+# apart from DRAFT, which the drafter uses at low-res positions of the same integer values)
+GUMBEL, ACCEPT, DRAFT, COUPLE_TEST, COUPLE_DRAW, ISLAND_DRAFT, ISLAND_TEST = 0, 1, 2, 3, 4, 5, 6
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -288,17 +288,18 @@ class Transformer(nn.Module):
         """Write inputs x [B, n, dim] at absolute slots [B, n] into the cache and return the logits
         [B, n, V] at those slots. A slot attends to itself and to the filled slots before it. `fill` [B, n]
         bool says which written slots become context (default all; padding of a T5 prefix does not).
-        `groups` [n] makes several draft windows one forward: a write of group g >= 0 does not see this call's
-        writes of other groups, and a write of group -1 (a shared one, e.g. a committed token rewritten) sees
-        none of the groups' writes; every write sees the cache as it was."""
+        `groups` [n] (or [B, n]) makes several draft windows one forward: a write of group g >= 0 does not see
+        this call's writes of other groups, and a write of group -1 (a shared one, e.g. a committed token
+        rewritten) sees none of the groups' writes; every write sees the cache as it was."""
         cache.filled.scatter_(1, slots, True if fill is None else fill)
         key = torch.arange(self.cfg.slots, device=slots.device)[None, None, :]
         # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
         mask = (key <= slots[:, :, None]) & cache.filled[:, None, :] | (key == slots[:, :, None])  # [B, n, S]
         if groups is not None:
+            groups = groups.to(slots.device).expand_as(slots)
             written = torch.full(cache.filled.shape, -1, dtype=torch.long, device=slots.device).scatter(
-                1, slots, groups.to(slots.device).expand_as(slots))  # [B, S]: each slot's group in this call
-            hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups.to(slots.device)[None, :, None])
+                1, slots, groups)  # [B, S]: each slot's group in this call
+            hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
         mask = mask[:, None]
         rope = None

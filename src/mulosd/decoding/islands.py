@@ -106,19 +106,26 @@ class IslandSchedule:
         """t0, the first position of R_X (None when nothing is to be resampled)."""
         return self.islands[0][0] if self.islands else None
 
-    def ready(self, tentative: set[int] | None = None) -> list[tuple[int, int, int]]:
+    def ready(self, tentative: set[int] | None = None, window: int | None = None) -> list[tuple[int, int, int]]:
         """(position, island, index) of every position not done whose blockers all are. With `tentative` (the
         positions holding a draft that may stand), also every position whose blockers not done are all
-        tentative and ready themselves: a speculative query, whose answer holds only if they stand."""
+        tentative and ready themselves: a speculative query, whose answer holds only if they stand. With
+        `window` (Jacobi windows along rows) a query runs ahead only of its own row's drafts, and at most
+        `window` positions of an island's row are asked at once."""
         out = []
         for j, island in enumerate(self.islands):
             live = [False] * len(island)
+            asked: dict[int, int] = {}  # row -> positions of it asked so far
             for i, u in enumerate(island):
-                if not self.done[j][i]:
-                    live[i] = all(self.done[j][k] or (live[k] and tentative is not None and island[k] in tentative)
-                                  for k in self.blockers[j][i])
-                    if live[i]:
-                        out.append((u, j, i))
+                row = u // self.grid
+                if self.done[j][i] or window is not None and asked.get(row, 0) >= window:
+                    continue
+                live[i] = all(self.done[j][k] or (live[k] and tentative is not None and island[k] in tentative
+                                                  and (window is None or island[k] // self.grid == row))
+                              for k in self.blockers[j][i])
+                if live[i]:
+                    asked[row] = asked.get(row, 0) + 1
+                    out.append((u, j, i))
         return out
 
     def mark(self, j: int, i: int) -> None:

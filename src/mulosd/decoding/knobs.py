@@ -116,6 +116,9 @@ class MuLoSDConfig:
     resample: str = knob("zipar", "how islands are resampled: zipar (an island's rows advance together) | "
                                   "parallel (one token per island per step) | serial (one island after another)")
     resample_window: int = knob(2, "resample=zipar: (i, j) waits for (i-1, j+window-1)")
+    resample_jacobi: int = knob(1, "Jacobi windows along island rows: each row also tests up to this many of "
+                                   "its positions per forward with speculative sampling, its drafts from the "
+                                   "verifier's last answer (1: one position per row, as without it)")
     keep_rejected: bool = knob(False, "rejected drafts stay in the verifier's context as placeholders until "
                                       "resampled (an ablation)")
     kv_refresh: str = knob("round", "round | eager | none: when accepted positions after the first rejection get "
@@ -150,7 +153,7 @@ class MuLoSDConfig:
         one_of(self.kv_refresh, self.KV_REFRESHES, "kv_refresh")
         one_of(self.draft, self.DRAFTS, "draft")
         one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
-        for key in ("resample_window", "draft_window", "draft_rows"):
+        for key in ("resample_window", "resample_jacobi", "draft_window", "draft_rows"):
             check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("draft_temperature", "draft_cfg_scale"):
             value = getattr(self, key)

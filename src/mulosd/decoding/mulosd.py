@@ -15,7 +15,8 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
    only grown into R_X where they pass the test again in their resampled context (see `_resample`);
 6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
    step (`resample=parallel`), ZipAR within islands (`zipar`: an island's rows advance together, window
-   `resample_window`), or one island after another (`serial`);
+   `resample_window`), or one island after another (`serial`); `resample_jacobi` > 1 lets each island row test
+   that many positions per forward as speculative Jacobi decoding does (`_IslandDrafts`);
 7. the committed block is down-sampled by D_r for M_q's next round.
 
 Stale KV entries. The verification forward writes K/V for every drafted position; those of accepted positions
@@ -43,9 +44,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
-from ..ar.noise import ACCEPT, DRAFT, uniform
+from ..ar.noise import ACCEPT, DRAFT, ISLAND_DRAFT, ISLAND_TEST, uniform
 from ..ar.sampling import sample
-from .acceptance import outside_pool, pooled_accept, pooled_mass, sampled_accept
+from .acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
 from .islands import IslandSchedule, expand, first_rejected
 from .knobs import MuLoSDConfig
 from .trace import Round, Trace
@@ -126,7 +127,7 @@ def parents(G: int, g: int, device=None) -> torch.Tensor:
 # the critical path by phase: steps = 1 (the two prefix forwards) + these
 PHASES = ("draft_steps", "verify_steps", "resample_steps")
 TALLIES = ("drafted", "accepted", "resampled", "reverified", "stale_kv", "refreshed", "up_calls", "down_calls",
-           "provisional_kv", *PHASES)
+           "provisional_kv", "jacobi_tested", "jacobi_kept", *PHASES)
 
 
 @torch.no_grad()
@@ -281,9 +282,10 @@ class _MuLoSD:
         trace.count("stale_kv", verdict.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
         rejected = verdict.rejected.clone()  # grown positions whose re-test fails join it (they redraw outside B_k)
+        redraw = Redraw(rejected, draft, self.pool, hi0) if self.sampled else None
+        jacobi = _IslandDrafts(logp, hi0, cfg.resample_jacobi) if cfg.resample_jacobi > 1 else None
         steps, kept = _resample(self.verifier, self.high, schedules, block, logp, self,
-                                verdict.stale if cfg.kv_refresh == "eager" else None,
-                                Redraw(rejected, draft, self.pool, hi0) if self.sampled else None, grown)
+                                verdict.stale if cfg.kv_refresh == "eager" else None, redraw, grown, jacobi)
         redo = redo & ~kept
         trace.count("resample_steps", steps)
         trace.count("drafted", self.B * block.size)
@@ -309,9 +311,73 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
     return out
 
 
+class _IslandDrafts:
+    """resample_jacobi > 1: Jacobi windows along island rows. Every island position after t0 (but reverify's
+    grown ones, which hold the up-sampler's drafts) holds a draft and the log q it was drawn from: first the
+    verification forward's answer, later the answer of a forward that asked it ahead of a draft that fell. An
+    island row asks up to `window` positions per forward, its drafts written in a group of their own (the
+    other rows do not see them; ZipAR's rule decides when a row may start, and a row start whose predecessor
+    is still a draft goes through the provisional slot as in `zipar`). Where a position's answer counts it is
+    tested as speculative sampling tests it, min(1, p(x) / q(x)), and at a failure draws from
+    norm(max(0, p - q)): the accepted prefix and one more token per row and forward, never fewer tokens than
+    without the window. Under sampled acceptance p and q of a rejected position are restricted outside its
+    draft's pool, as its direct resample would be. Noise: a position's drafts reuse its own draft noise (SJD's
+    Gumbel coupling), its tests its own uniform, both on streams of their own (its test decides its token once:
+    only when every position before it in its row stands); the residual draw is the verifier's."""
+
+    def __init__(self, logp: torch.Tensor, hi0: int, window: int):
+        self.logq, self.hi0, self.window = logp.clone(), hi0, window  # [B, n, V]
+        self.held: list[set[int]] = [set() for _ in range(logp.shape[0])]
+
+    def target(self, lp: torch.Tensor, b: torch.Tensor, u: torch.Tensor, redraw: Redraw | None) -> torch.Tensor:
+        """The distribution position u [m] of image b [m] is sampled from, given the verifier's lp [m, V]."""
+        return lp if redraw is None else redraw.restrict(lp.clone(), b, u)
+
+    def draw(self, high: torch.Tensor, picks: list[tuple[int, int]], lp: torch.Tensor, run: _MuLoSD,
+             redraw: Redraw | None) -> None:
+        """New drafts at (image, position) `picks` from the verifier's answers lp [m, V]."""
+        if not picks:
+            return
+        b, u = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
+        q = self.target(lp, b, u, redraw)
+        self.logq[b, u - self.hi0] = q
+        high[b, u] = sample(q[:, None], run.seed, run.ids[b], u[:, None], stream=ISLAND_DRAFT)[:, 0]
+        for bb, uu in picks:
+            self.held[bb].add(uu)
+
+    def fill(self, high: torch.Tensor, schedules: list[IslandSchedule], logp: torch.Tensor,
+             tentative: list[set[int]], run: _MuLoSD, redraw: Redraw | None) -> None:
+        """Every island position still to do and not holding a grown draft gets one from the verification."""
+        picks = [(b, p) for b, s in enumerate(schedules) for j, island in enumerate(s.islands) for p in island
+                 if s.pending(j, p) and p not in tentative[b]]
+        if picks:
+            b, u = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
+            self.draw(high, picks, logp[b, u - self.hi0], run, redraw)
+            for bb, uu in picks:
+                tentative[bb].add(uu)
+
+    def tests(self, high: torch.Tensor, out: torch.Tensor, targets: list, run: _MuLoSD, redraw: Redraw | None
+              ) -> set[tuple[int, int]]:
+        """(image, position) of the asked drafts that pass speculative sampling's test under this forward."""
+        checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in self.held[b]]
+        if not checks:
+            return set()
+        b, u, k = (torch.tensor(c, device=high.device) for c in zip(*checks, strict=True))
+        x = high[b, u][:, None]
+        p = self.target(out[b, k], b, u, redraw)
+        ratio = (p.gather(-1, x) - self.logq[b, u - self.hi0].gather(-1, x))[:, 0].exp()
+        ok = (uniform(run.seed, run.ids[b], u, ISLAND_TEST) < ratio.clamp(max=1).double()).tolist()
+        return {(bb, uu) for (bb, uu, _), passed in zip(checks, ok, strict=True) if passed}
+
+    def residual_of(self, lp: torch.Tensor, b: torch.Tensor, u: torch.Tensor, redraw: Redraw | None
+                    ) -> torch.Tensor:
+        """Where a failed draft at u draws: norm(max(0, p - q))."""
+        return residual(self.target(lp, b, u, redraw), self.logq[b, u - self.hi0])
+
+
 def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSchedule], block: Block,
               logp: torch.Tensor, run: _MuLoSD, refresh: torch.Tensor | None, redraw: Redraw | None,
-              grown: torch.Tensor | None = None) -> tuple[int, torch.Tensor]:
+              grown: torch.Tensor | None = None, jacobi: _IslandDrafts | None = None) -> tuple[int, torch.Tensor]:
     """Resample every island position of `schedules` (one per image) in place in `high`; returns the number of
     sequential verifier forwards and the grown positions that kept their drafts ([B, n] over the block), and
     leaves in `run.unwritten`, per image, the positions sampled but not yet written (the last step's samples:
@@ -338,7 +404,10 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
     the K/V of the forward that last wrote its slot: the verification forward's (rejected drafts in view) unless
     a later query rewrote it as its predecessor; like the accepted positions after t0 it is exact again only
     after the next round's verification forward (kv_refresh=round), not counted in `stale_kv`. `reverified`
-    counts re-tests run, including answers that did not count."""
+    counts re-tests run, including answers that did not count.
+
+    `jacobi` (resample_jacobi > 1): the island positions hold Jacobi drafts, asked and tested a window per row
+    (`_IslandDrafts`); drafts not standing after a forward leave the cache."""
     B, G, hi0 = len(schedules), verifier.grid, block.hi0
     kept = torch.zeros(B, block.size, dtype=torch.bool, device=high.device)
     tentative = [set() if grown is None else set((hi0 + torch.nonzero(grown[b])).flatten().tolist())
@@ -350,6 +419,10 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
     for b, t0 in firsts:
         unwritten[b].add(t0)
         schedules[b].mark(0, 0)
+    held = [set() for _ in range(B)] if jacobi is None else jacobi.held
+    if jacobi is not None:
+        jacobi.fill(high, schedules, logp, tentative, run, redraw)
+    window = None if jacobi is None else jacobi.window
     # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
     # in the first forward after every position before it is final (no extra forward: the ones that become
     # final only with the round's last samples are rewritten by the next round's verification forward)
@@ -357,7 +430,9 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
     steps = 0
     while True:
         writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
+        groups: list[dict[int, int]] = []  # per image: position -> group of a Jacobi draft written
         for b, schedule in enumerate(schedules):
+            groups.append({})
             w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
             if stale[b]:
                 undone = schedule.first_pending(block.hi1)
@@ -365,14 +440,17 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
                 w |= {p: int(high[b, p]) for p in final}
                 run.trace.count("refreshed", len(final))
                 stale[b] = stale[b][len(final):]
-            ready = schedule.ready(tentative[b])
+            ready = schedule.ready(tentative[b], window)
             for u, j, _ in ready:
-                if schedule.pending(j, u - 1) and u - 1 not in tentative[b]:  # a row start ahead of its predecessor
+                if schedule.pending(j, u - 1) and (u - 1 not in tentative[b] or u - 1 in held[b] and (u - 1) // G
+                                                   != u // G):  # a row start ahead of its predecessor
                     latest = schedule.pending_in_row(j, (u - 1) // G)[0] - 1  # the previous row's last final token
                     w[u - 1] = int(high[b, latest])
                     run.trace.count("provisional_kv", schedule.row_size(j, u // G) - 1)  # the row's others
                 else:  # final, or a draft that may stand: its own token
                     w.setdefault(u - 1, int(high[b, u - 1]))
+                    if u - 1 in held[b]:  # a Jacobi draft: seen by its own row only
+                        groups[b][u - 1] = j * G + (u - 1) // G
             writes.append(list(w.items()))
             targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in ready])
         if not any(targets):
@@ -380,46 +458,75 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
             return steps, kept
         width = max(len(w) for w in writes)
         pos = torch.empty(B, width, dtype=torch.long, device=high.device)
-        tok = torch.empty_like(pos)
+        tok, group = torch.empty_like(pos), torch.full_like(pos, -1)
         for b, w in enumerate(writes):
             # pad by repeating the last write; a finished image rewrites a position whose token and context
             # are final (it makes no more queries this round, so nothing it does here can change its image)
             w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
             w = w + [w[-1]] * (width - len(w))
             pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
-        out = warp(verifier(pos, tok), run.warpers)
+            group[b] = torch.tensor([groups[b].get(p, -1) for p, _ in w])
+        out = warp(verifier(pos, tok, group if any(groups) else None), run.warpers)
         steps += 1
-        stands = _retest(high, out, targets, tentative, run)
-        picks = []
+        stands = _retest(high, out, targets, tentative, run, held)
+        if jacobi is not None:
+            stands |= jacobi.tests(high, out, targets, run, redraw)
+        picks, failed, redrafts, dropped = [], [], [], []  # failed: Jacobi drafts that fell (residual draws)
         for b, schedule in enumerate(schedules):
             stood: set[int] = set()  # decided in this step with the token that was in context
             decided = []  # marked done after the walk: `done` stays what it was when this forward was asked
+            written = {p for p, _ in writes[b]}
             for u, j, i, k in targets[b]:
                 island = schedule.islands[j]
                 if not all(schedule.done[j][m] or island[m] in stood for m in schedule.blockers[j][i]):
+                    if u in held[b]:  # asked ahead of a draft that fell: drafted again from this answer
+                        redrafts.append((b, u, k))
                     continue  # asked ahead of a draft that did not stand: ask again
                 decided.append((j, i))
+                if u in held[b]:
+                    run.trace.count("jacobi_tested", 1)
                 if (b, u) in stands:
                     stood.add(u)
-                    kept[b, u - hi0] = True
+                    if u in held[b]:
+                        run.trace.count("jacobi_kept", 1)
+                    else:
+                        kept[b, u - hi0] = True
                 else:
-                    if u in tentative[b] and redraw is not None:
+                    if u in tentative[b] and redraw is not None and u not in held[b]:
                         redraw.rejected[b, u - hi0] = True  # failed its re-test: redrawn outside its draft's pool
-                    picks.append((b, u, k))
+                    (failed if u in held[b] else picks).append((b, u, k))
                 tentative[b].discard(u)
             for j, i in decided:
                 schedule.mark(j, i)
-            unwritten[b].difference_update(p for p, _ in writes[b])
+            unwritten[b].difference_update(written)
+            # a Jacobi draft stands in the cache where it was written this time; else it is written next time
+            unwritten[b].update(u for u in stood & held[b] if u not in written)
+            dropped += [(b, p) for p in groups[b] if p not in stood]
+            held[b].difference_update(stood)
         _sample_at(high, out, picks, run, redraw)
-        for b, u, _ in picks:
+        if failed:  # drawn from the residual, with the noise a direct resample of the position would use
+            b, u, k = (torch.tensor(c, device=high.device) for c in zip(*failed, strict=True))
+            lp = jacobi.residual_of(out[b, k], b, u, redraw)
+            high[b, u] = sample(lp[:, None], run.seed, run.ids[b], u[:, None])[:, 0]
+            for bb, uu, _ in failed:
+                held[bb].discard(uu)
+        if redrafts:
+            b, _, k = (torch.tensor(c, device=high.device) for c in zip(*redrafts, strict=True))
+            jacobi.draw(high, [(bb, uu) for bb, uu, _ in redrafts], out[b, k], run, redraw)
+        if dropped:  # Jacobi drafts written this time that do not stand leave the cache
+            mask = torch.zeros(B, G * G, dtype=torch.bool, device=high.device)
+            mask[tuple(torch.tensor(c, device=high.device) for c in zip(*dropped, strict=True))] = True
+            verifier.forget_mask(mask)
+        for b, u, _ in picks + failed:
             unwritten[b].add(u)
 
 
-def _retest(high: torch.Tensor, out: torch.Tensor, targets: list, tentative: list[set[int]], run: _MuLoSD
-            ) -> set[tuple[int, int]]:
-    """(image, position) of the queried drafts that pass the acceptance test under this forward's answers
-    (whether those answers count is the caller's business), in one batched test."""
-    checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in tentative[b]]
+def _retest(high: torch.Tensor, out: torch.Tensor, targets: list, tentative: list[set[int]], run: _MuLoSD,
+            jacobi: list[set[int]]) -> set[tuple[int, int]]:
+    """(image, position) of the queried grown drafts (tentative, not Jacobi drafts) that pass the acceptance
+    test under this forward's answers (whether those answers count is the caller's business), in one batched
+    test."""
+    checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in tentative[b] and u not in jacobi[b]]
     if not checks:
         return set()
     b, u, k = (torch.tensor(c, device=high.device) for c in zip(*checks, strict=True))
