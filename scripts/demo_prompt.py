@@ -1,6 +1,6 @@
 """Which prompt `make demo` draws: a typical prompt for the shipped verifier, chosen by a rule, not by eye.
 
-    .venv/bin/python scripts/demo_prompt.py [CANDIDATES=16] [SAMPLES=16] [key=value ...]   # infer.py overrides
+    .venv/bin/python scripts/demo_prompt.py [CANDIDATES=32] [SAMPLES=16] [key=value ...]   # infer.py overrides
 
 The candidates are the first CANDIDATES prompts of the fixed report set (world seed 4242), in its order. Each
 is drawn SAMPLES times with `ar` (image ids 0, 1, ...; image 0 is what `python infer.py prompt=...` draws at
@@ -24,7 +24,7 @@ from mulosd.paths import CONF
 from mulosd.pipeline import Pipeline
 
 numbers = [a for a in sys.argv[1:] if a.isdigit()]
-n_candidates, samples = (int(numbers[i]) if len(numbers) > i else 16 for i in range(2))
+n_candidates, samples = (int(numbers[i]) if len(numbers) > i else (32, 16)[i] for i in range(2))
 register_configs()
 with initialize_config_dir(str(CONF), version_base="1.3"):
     cfg = compose(config_name="infer", overrides=[a for a in sys.argv[1:] if "=" in a])

@@ -44,9 +44,11 @@ MODELS = _backbone_models()
 
 def knobs(**settings) -> MuLoSDConfig:
     """MuLo-SD on these tiny models, simplest first: one low-res row a round drafted serially, islands resampled in
-    parallel, the paper's threshold test over the 8-neighbour table; each test sets what it is about."""
+    parallel, the paper's threshold test over the 8-neighbour table and its expansion (radius 1, resampled); each
+    test sets what it is about."""
     return MuLoSDConfig(**{"pool_k": 8, "draft_rows": 1, "draft": "serial", "draft_window": 4,
-                           "resample": "parallel", "acceptance": "threshold"} | settings)
+                           "resample": "parallel", "acceptance": "threshold", "radius": 1,
+                           "expanded": "resample"} | settings)
 CAPTIONS = [caption_text(sample_scene(0, i).prompt) for i in range(3)]
 
 

@@ -43,8 +43,7 @@ def decodes(dtype: torch.dtype, device: str = "cpu"):
     bb = lambda m: ARBackbone(m, enc, 3.0)  # noqa: E731
     ids = torch.tensor([5, 9])  # image ids come from the host, as the pipeline passes them
     mulosd = {"default": MuLoSDConfig(tau=0.3, pool_k=4),
-              "reverify, radius 2, whole grid": MuLoSDConfig(tau=0.3, pool_k=4, expanded="reverify", radius=2,
-                                                             draft_rows=4),
+              "the paper's expansion": MuLoSDConfig(tau=0.3, pool_k=4, expanded="resample", radius=1, draft_rows=2),
               "jacobi windows in islands, reverify": MuLoSDConfig(tau=0.3, pool_k=4, expanded="reverify",
                                                                   resample_jacobi=3),
               "parallel islands, threshold": MuLoSDConfig(tau=0.3, pool_k=4, resample="parallel",

@@ -37,7 +37,7 @@ class BenchConfig:
     # the sweep axes of decoding/registry.py (an empty list: the infer value, infer.KEY)
     rs: list[int] = swept("mulosd: the values of r", 2, 4)
     taus: list[float] = swept("mulosd: the values of tau (0.5: infer.py's default)", 0.1, 0.2, 0.5)
-    radii: list[int] = swept("mulosd: the values of radius", 1)
+    radii: list[int] = swept("mulosd: the values of radius (2: infer.py's default)", 2)
     windows: list[int] = swept("zipar: its windows (empty: infer.window)")
     gammas: list[int] = swept("sd, lantern: draft lengths (empty: infer.gamma)")
     lantern_ks: list[int] = swept("lantern: neighbourhood sizes (empty: infer.lantern_k)")

@@ -23,6 +23,7 @@ trained model's; latencies and the loop's step structure do not depend on the we
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import time
@@ -112,6 +113,7 @@ def measure(size: str = "xl", device: str = "cuda", dtype: torch.dtype = torch.b
     out = {"size": size, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"CPU ({host})",
            "dtype": str(dtype).removeprefix("torch."), "batch": 1, "cfg_scale": cfg_scale, "tokens": N,
            "r": r, "params_verifier_M": sum(p.numel() for p in verifier.parameters()) / 1e6,
+           "knobs": dataclasses.asdict(knobs),
            "memory_gb": {name: {"weights": _bytes(m.parameters()) / 1e9,
                                 "kv_cache_per_image": _kv_bytes(m, dtype) / 1e9}
                          for name, m in (("verifier", verifier), ("drafter", drafter))}}

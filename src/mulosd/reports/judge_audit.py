@@ -39,7 +39,9 @@ BATCH = 8  # the batch the labelled images were decoded in (see decode_items)
 # method name -> infer.py settings (on top of what infer.py ships): `ar`, ZipAR at its weakest and its
 # equal-quality windows, and MuLo-SD's default
 METHODS = {"ar": {"decoding": "ar"}, "zipar_w1": {"decoding": "zipar", "window": 1},
-           "zipar_w3": {"decoding": "zipar", "window": 3}, "mulosd": {"decoding": "mulosd"}}
+           "zipar_w3": {"decoding": "zipar", "window": 3},
+           # the default of the day the images were labelled (their hashes hold them): the paper's expansion
+           "mulosd": {"decoding": "mulosd", "expanded": "resample", "radius": 1, "draft_rows": 4}}
 LABELS = Path(__file__).with_name("judge_audit.json")
 
 
