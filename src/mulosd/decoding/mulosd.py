@@ -127,7 +127,8 @@ def parents(G: int, g: int, device=None) -> torch.Tensor:
 # the critical path by phase: steps = 1 (the two prefix forwards) + these
 PHASES = ("draft_steps", "verify_steps", "resample_steps")
 TALLIES = ("drafted", "accepted", "resampled", "reverified", "stale_kv", "refreshed", "up_calls", "down_calls",
-           "provisional_kv", "jacobi_tested", "jacobi_kept", *PHASES)
+           "provisional_kv", *PHASES)
+JACOBI_TALLIES = ("jacobi_tested", "jacobi_kept")  # kept only with resample_jacobi > 1
 
 
 @torch.no_grad()
@@ -144,7 +145,7 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
                   warpers or Warpers(), image_ids, accept)
     B = len(captions)
     run.trace = trace = Trace("mulosd", keep_rounds=rounds, images=B, tokens=B * verifier.grid ** 2).start(
-        *TALLIES, verifier=verifier, drafter=drafter)
+        *TALLIES, *(JACOBI_TALLIES if cfg.resample_jacobi > 1 else ()), verifier=verifier, drafter=drafter)
     run.begin(captions)
     for block in run.blocks():
         run.draft(block)  # 1
