@@ -331,8 +331,9 @@ class _IslandDrafts:
         self.held: list[set[int]] = [set() for _ in range(logp.shape[0])]
 
     def target(self, lp: torch.Tensor, b: torch.Tensor, u: torch.Tensor, redraw: Redraw | None) -> torch.Tensor:
-        """The distribution position u [m] of image b [m] is sampled from, given the verifier's lp [m, V]."""
-        return lp if redraw is None else redraw.restrict(lp.clone(), b, u)
+        """The distribution position u [m] of image b [m] is sampled from, given the verifier's lp [m, V] (a
+        gathered copy: it is restricted in place)."""
+        return lp if redraw is None else redraw.restrict(lp, b, u)
 
     def draw(self, high: torch.Tensor, picks: list[tuple[int, int]], lp: torch.Tensor, run: _MuLoSD,
              redraw: Redraw | None) -> None:
@@ -369,11 +370,6 @@ class _IslandDrafts:
         ratio = (p.gather(-1, x) - self.logq[b, u - self.hi0].gather(-1, x))[:, 0].exp()
         ok = (uniform(run.seed, run.ids[b], u, ISLAND_TEST) < ratio.clamp(max=1).double()).tolist()
         return {(bb, uu) for (bb, uu, _), passed in zip(checks, ok, strict=True) if passed}
-
-    def residual_of(self, lp: torch.Tensor, b: torch.Tensor, u: torch.Tensor, redraw: Redraw | None
-                    ) -> torch.Tensor:
-        """Where a failed draft at u draws: norm(max(0, p - q))."""
-        return residual(self.target(lp, b, u, redraw), self.logq[b, u - self.hi0])
 
 
 def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSchedule], block: Block,
@@ -505,12 +501,9 @@ def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSc
             dropped += [(b, p) for p in groups[b] if p not in stood]
             held[b].difference_update(stood)
         _sample_at(high, out, picks, run, redraw)
-        if failed:  # drawn from the residual, with the noise a direct resample of the position would use
-            b, u, k = (torch.tensor(c, device=high.device) for c in zip(*failed, strict=True))
-            lp = jacobi.residual_of(out[b, k], b, u, redraw)
-            high[b, u] = sample(lp[:, None], run.seed, run.ids[b], u[:, None])[:, 0]
-            for bb, uu, _ in failed:
-                held[bb].discard(uu)
+        _sample_at(high, out, failed, run, redraw, jacobi)  # the noise a direct resample of the position uses
+        for bb, uu, _ in failed:
+            held[bb].discard(uu)
         if redrafts:
             b, _, k = (torch.tensor(c, device=high.device) for c in zip(*redrafts, strict=True))
             jacobi.draw(high, [(bb, uu) for bb, uu, _ in redrafts], out[b, k], run, redraw)
@@ -545,13 +538,16 @@ def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
 
 
 def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], run: _MuLoSD,
-               redraw: Redraw | None) -> None:
+               redraw: Redraw | None, jacobi: _IslandDrafts | None = None) -> None:
     """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
-    keyed by (image, u), so the tokens are those of one draw per position."""
+    keyed by (image, u), so the tokens are those of one draw per position. With `jacobi` the picks are Jacobi
+    drafts that fell: each draws from norm(max(0, p - q)), q its draft's distribution."""
     if not picks:
         return
     b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
     lp = logp[b, k]
     if redraw is not None:
         lp = redraw.restrict(lp, b, u)
+    if jacobi is not None:
+        lp = residual(lp, jacobi.logq[b, u - jacobi.hi0])
     high[b, u] = sample(lp[:, None], run.seed, run.ids[b], u[:, None])[:, 0]
