@@ -78,6 +78,61 @@ def test_pixel_upsampler_round_trips_through_the_tokenizer(tiny_tokenizer):
         PixelUpsampler(tok, 2, "esrgan")
 
 
+@pytest.mark.parametrize("head", ["logits", "latent"])
+def test_an_upsampler_with_a_base_starts_as_the_pixel_path_and_learns_a_correction(tiny_tokenizer, tmp_path, head):
+    from mulosd.zoo import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer)
+    torch.manual_seed(0)
+    low = torch.randint(0, 32, (3, 4, 4))
+    pixel = PixelUpsampler(tok, 2, "bicubic").up(low)
+    up = LatentUpsampler(tok.codebook(), 2, width=16, depth=1, head=head, base="bicubic")
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        up.up(low)
+    assert torch.equal(up.use_tokenizer(tok).up(low), pixel), "untrained, U_r must return the pixel path's tokens"
+    opt = torch.optim.Adam(up.parameters(), lr=0.05)
+    target = torch.randint(0, 32, pixel.shape)  # tokens the pixel path mostly does not give
+    for _ in range(30):
+        out = up(low)
+        loss = torch.nn.functional.cross_entropy(out, target) if head == "logits" else \
+            -(torch.nn.functional.normalize(out, dim=1) * tok.codebook()[target].permute(0, 3, 1, 2)).sum(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    moved = up.up(low)
+    assert (moved == target).float().mean() > (pixel == target).float().mean() + 0.2, "the correction must learn"
+    save(up, "sampler", tmp_path / "up", recipe="test", stage="token_ce" if head == "logits" else "gan")
+    loaded = load_sampler(tmp_path / "up", tokenizer=tiny_tokenizer)[0]
+    assert loaded.base == "bicubic" and torch.equal(loaded.up(low), moved)
+
+
+def test_a_stage_starts_only_from_a_sampler_with_its_base(tiny_tokenizer, tmp_path):
+    from mulosd.config import ConfigError
+    from mulosd.training import build_module
+    from mulosd.zoo import load_tokenizer
+
+    up = LatentUpsampler(load_tokenizer(tiny_tokenizer).codebook(), 2, width=16, depth=1, base="bicubic")
+    save(up, "sampler", tmp_path / "stage1", recipe="test", stage="token_ce")
+    overrides = ["experiment=upsampler_mse_lpips", f"model.tokenizer={tiny_tokenizer}", "model.width=16",
+                 "model.depth=1", f"model.init_from={tmp_path / 'stage1'}"]
+    with pytest.raises(ConfigError, match="base=bicubic; this run has model.base=none"):
+        build_module(compose_config("train", overrides + ["model.base=none"]).model)
+    module = build_module(compose_config("train", overrides + ["model.base=bicubic"]).model)
+    stage1 = up.trunk[0].block[2].weight
+    assert torch.allclose(module.sampler.trunk[0].block[2].weight, stage1, atol=1e-3)  # exported in fp16
+
+
+def test_a_base_is_the_up_samplers_alone():
+    with pytest.raises(ValueError, match="base"):
+        LatentUpsampler(CODEBOOK, 2, base="lanczos")
+    from mulosd.config import ConfigError
+    from mulosd.config.train import validate_model
+
+    cfg = compose_config("train", ["experiment=downsampler", "model.base=bicubic"])
+    with pytest.raises(ConfigError, match="model.base"):
+        validate_model(cfg.model)
+
+
 @pytest.mark.parametrize("experiment", ["upsampler_ce", "upsampler_mse_lpips", "upsampler_gan", "downsampler"])
 @pytest.mark.parametrize("r", [2, 4])
 def test_experiments_compose_with_either_ratio(experiment, r):
@@ -183,6 +238,11 @@ def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     assert any("pixel bicubic" in line for line in out) and any("not trained" in line for line in out)
     assert "object half-size 0.075-0.13 of the image side" in out[0]  # the world the samplers were trained in
     assert (tmp_path / "ablation.md").read_text().count("| 2 |") >= 4
+    verdicts = [line for line in out if line.startswith(("r=2 token_ce: ", "r=4 token_ce: "))]
+    assert len(verdicts) == 2, out
+    for line in verdicts:  # "r=2 token_ce: ahead of lanczos (acc 0.123 vs 0.100)"
+        ours, theirs = map(float, line.split("(acc ")[1].rstrip(")").split(" vs "))
+        assert ("ahead of" in line) == (ours > theirs), line
 
 
 def _owned_config_models():
@@ -194,6 +254,7 @@ def _owned_config_models():
             Transformer(TransformerConfig(vocab_size=32, grid=4, dim=32, layers=1, heads=2, cond_dim=16, grids=(2, 4))),
             LatentUpsampler(codebook, 4, width=16, depth=2, head="latent"),
             LatentUpsampler(codebook, 2, width=16, depth=1, head="logits"),
+            LatentUpsampler(codebook, 2, width=16, depth=1, head="logits", base="bicubic"),
             LatentDownsampler(codebook, 2, width=16, depth=3)]
 
 

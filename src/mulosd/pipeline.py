@@ -115,7 +115,7 @@ class Pipeline:
                                        f"{drafter.cfg.grid}")
             up = m.up or f"synthscenes_up{r}_{cfg.stage}"
             extra |= {"drafter": drafter, "drafter_encoder": drafter_encoder,
-                      "up": _upsampler(cfg, tokenizer, up, m.tokenizer, device=cfg.device),
+                      "up": _upsampler(cfg, tokenizer, up, tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer,
                                     device=cfg.device)[0].down}
         if strategies & {"sd", "lantern"}:

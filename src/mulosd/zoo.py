@@ -219,11 +219,14 @@ def load_sampler(name_or_path: str | Path, tokenizer: str | Path | torch.nn.Modu
     model = build_sampler(meta["config"], state["embed.codebook"])
     _restore(model, state, path)
     if tokenizer is not None:  # a name, a directory, or a loaded tokenizer (LlamaGen's VQ-16)
-        theirs = (tokenizer if isinstance(tokenizer, torch.nn.Module) else load_tokenizer(tokenizer)).codebook()
-        if theirs.shape != model.codebook.shape or (theirs - model.codebook).abs().max() > 2e-3:
+        tokenizer = tokenizer if isinstance(tokenizer, torch.nn.Module) else load_tokenizer(tokenizer, device=device)
+        theirs = tokenizer.codebook()
+        if theirs.shape != model.codebook.shape or (theirs.to(model.codebook) - model.codebook).abs().max() > 2e-3:
             raise ValueError(f"sampler {str(name_or_path)!r} was trained on tokenizer {meta.get('tokenizer')!r}; its "
                              f"codebook {tuple(model.codebook.shape)} does not match the tokenizer's "
                              f"{tuple(theirs.shape)}")
+        if hasattr(model, "use_tokenizer"):  # U_r with a base computes it with this tokenizer
+            model.use_tokenizer(tokenizer)
     return model.eval().requires_grad_(False).to(device), meta
 
 

@@ -12,7 +12,16 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig
 
 from ..ar.transformer import TransformerConfig
-from ..choices import GUIDANCE_SCHEDULES, LOGGERS, RATIOS, SAMPLER_KINDS, SAMPLER_STAGES, TASKS, WANDB_MODES
+from ..choices import (
+    GUIDANCE_SCHEDULES,
+    LOGGERS,
+    RATIOS,
+    SAMPLER_KINDS,
+    SAMPLER_STAGES,
+    TASKS,
+    UPSAMPLER_BASES,
+    WANDB_MODES,
+)
 from ..data.synthscenes import vocab
 from ..losses.image_loss import ImageLossConfig
 from ..tokenizer.vq import VQConfig
@@ -195,6 +204,9 @@ class SamplerModelConfig:
     tokenizer: str = "synthscenes_vq_f8"
     width: int = 128  # channels (sr: SRVGG's num_feat)
     depth: int = 4  # residual blocks (sr: SRVGG's num_conv)
+    # up only: none (U_r from the low-res tokens alone) | bicubic (U_r learns a correction of the pixel path's
+    # bicubic interpolation and starts equal to it; samplers/latent.py)
+    base: str = "none"
     init_from: str | None = None  # an earlier stage's sampler (zoo name or exported directory)
     loss: SamplerLossConfig = field(default_factory=SamplerLossConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
@@ -272,6 +284,8 @@ def _validate_sampler(m: DictConfig) -> DictConfig:
             "the down-sampler trains with token_ce only")
     require(m.kind != "sr" or m.loss.stage != "token_ce", "model.loss.stage",
             "the SR network makes pixels: it trains with mse_lpips or gan (loss=mse_lpips | loss=gan)")
+    one_of(m.base, UPSAMPLER_BASES, "model.base")
+    require(m.kind == "up" or m.base == "none", "model.base", "only the up-sampler U_r has a base")
     require(m.width >= 8 and m.width % 4 == 0, "model.width", f"must be a multiple of 4, >= 8; got {m.width}")
     require(m.depth >= 1, "model.depth", "must be >= 1")
     require(m.optim.lr > 0 and m.optim.d_lr > 0, "model.optim.lr", "learning rates must be > 0")

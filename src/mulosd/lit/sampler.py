@@ -45,7 +45,7 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
     optimizer_steps_per_batch = 2
 
     def __init__(self, kind: str, r: int, tokenizer: str, width: int, depth: int, init_from: str | None,
-                 loss: dict, optim: dict, train: dict):
+                 loss: dict, optim: dict, train: dict, base: str = "none"):
         super().__init__()
         self.save_hyperparameters()  # plain containers only
         from ..zoo import load_tokenizer
@@ -56,8 +56,10 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         if kind == "sr":
             self.sampler = sr_network(r, width, depth)
         else:
-            self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth,
+            self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth, "base": base,
                                           "head": head_for(self.stage)}, self.tokenizer.codebook())
+            if kind == "up":
+                self.sampler.use_tokenizer(self.tokenizer)
         image_loss = dict(loss["image"]) | ({"gan": "none"} if self.stage != "gan" else {})
         self.image_loss = ImageLoss(ImageLossConfig(**image_loss)) if self.pixel_stage else None
         self.optim, self.train_cfg = optim, train
@@ -76,8 +78,14 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         shapes differ (a stage-1 logit head in a stage-2 model) are left at their initialisation."""
         from ..zoo import load_sampler, load_sr
 
-        theirs = load_sr(name, self.r).descriptor.model.state_dict() if self.kind == "sr" else \
-            load_sampler(name, tokenizer=self.hparams["tokenizer"])[0].state_dict()
+        if self.kind == "sr":
+            theirs = load_sr(name, self.r).descriptor.model.state_dict()
+        else:
+            earlier = load_sampler(name, tokenizer=self.hparams["tokenizer"])[0]
+            bases = [getattr(m, "base", "none") for m in (earlier, self.sampler)]
+            if bases[0] != bases[1]:  # a correction of one base is not a correction of another
+                raise ValueError(f"{name} was trained with base={bases[0]}; this run has model.base={bases[1]}")
+            theirs = earlier.state_dict()
         own = self.sampler.state_dict()
         taken = {k: v for k, v in theirs.items() if k in own and own[k].shape == v.shape}
         self.sampler.load_state_dict(taken, strict=False)

@@ -2,8 +2,10 @@
 
 The paper's ablation (a) on held-out SynthScenes at 128 px: for each up-sampler loss stage and for the
 pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
-token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, and the judge's agreement
-on the decoded draft (true caption accepted, a minimally falsified one rejected). `VQ(high)` is the ceiling
+token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, FD-VGG of the drafts against
+the high-res images as a set (what the PatchGAN stage optimises; 200 images bias it, so compare rows, not
+other tables), and the judge's agreement on the decoded draft (true caption accepted, a minimally falsified
+one rejected). `VQ(high)` is the ceiling
 (the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
 Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}, and the pixel
 path's trained SR network synthscenes_sr{r} (experiment=pixel_sr).
@@ -24,6 +26,7 @@ from ..data.images import downsample, to_image, to_tensor
 from ..data.synthscenes import judge, render, sample_scene, vocab
 from ..data.synthscenes.judge import falsify
 from ..eval import EVAL_SEED
+from ..eval.fd import frechet_distance, vgg_features
 from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..paths import ZOO
@@ -49,6 +52,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
     scenes = [sample_scene(EVAL_SEED, i, radius=radius) for i in range(n)]
     wrongs = [falsify(s, np.random.default_rng([EVAL_SEED, i, 1])) for i, s in enumerate(scenes)]
     highs = [render(s, SIZE) for s in scenes]
+    reference = vgg_features(highs)
     out = {}
     for r in ratios:
         methods = {"VQ(high) (ceiling)": None, "pixel bicubic": PixelUpsampler(tokenizer, r, "bicubic"),
@@ -63,7 +67,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
             if method == "missing":
                 rows[name] = None
                 continue
-            acc, ps, lp, agree = [], [], [], []
+            acc, ps, lp, agree, drafts = [], [], [], [], []
             for start in range(0, n, batch):
                 x = torch.stack([to_tensor(h) for h in highs[start:start + batch]])
                 low = torch.stack([to_tensor(downsample(h, r)) for h in highs[start:start + batch]])
@@ -76,9 +80,11 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
                 for j in range(len(pred)):
                     s, w = scenes[start + j], wrongs[start + j]
                     image = to_image(draft[j])
+                    drafts.append(image)
                     agree += [judge(image, s.prompt).ok, not judge(image, w).ok]
             rows[name] = {"acc": torch.cat(acc).mean().item(), "psnr": torch.cat(ps).mean().item(),
-                          "lpips": torch.cat(lp).mean().item(), "judge": float(np.mean(agree))}
+                          "lpips": torch.cat(lp).mean().item(), "fd": frechet_distance(vgg_features(drafts), reference),
+                          "judge": float(np.mean(agree))}
         down = directory / sampler_name(r)
         if down.is_dir():
             d = load_sampler(down, tokenizer_name)[0]
@@ -95,14 +101,15 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
 def table(results: dict, n: int, radius: tuple[float, float]) -> str:
     lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {SIZE} px (world seed {EVAL_SEED}; object half-size "
              f"{radius[0]:g}-{radius[1]:g} of the image side)", "",
-             "| r | method | token acc vs VQ(high) | PSNR dB | LPIPS | judge agreement |", "|---|---|---|---|---|---|"]
+             "| r | method | token acc vs VQ(high) | PSNR dB | LPIPS | FD-VGG | judge agreement |",
+             "|---|---|---|---|---|---|---|"]
     for r, rows in results.items():
         for name, m in rows.items():
             if m is None:
-                lines.append(f"| {r} | {name} | not trained | | | |")
+                lines.append(f"| {r} | {name} | not trained | | | | |")
                 continue
             cells = [f"{m['acc']:.3f}"] + [f"{m[k]:.{p}f}" if k in m else "" for k, p in
-                                           (("psnr", 2), ("lpips", 4), ("judge", 3))]
+                                           (("psnr", 2), ("lpips", 4), ("fd", 2), ("judge", 3))]
             lines.append(f"| {r} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -114,6 +121,29 @@ def summary_line(results: dict) -> str:
 
     return (f"samplers: r2_ce_acc={get(2, 'token_ce', 'acc'):.3f} r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} "
             f"r4_ce_acc={get(4, 'token_ce', 'acc'):.3f} r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
+
+
+# each loss stage against Lanczos at what it optimises: (key, "higher" or "lower" is better, digits)
+MEASURES = {"token_ce": [("acc", "higher", 3)], "mse_lpips": [("lpips", "lower", 4), ("psnr", "higher", 2)],
+            "gan": [("fd", "lower", 2)]}
+
+
+def against_lanczos(results: dict) -> list[str]:
+    """One line per trained stage: ahead of (or behind) Lanczos at each measure its loss optimises."""
+    lines = []
+    for r, rows in results.items():
+        lanczos = rows.get("pixel lanczos")
+        for stage, measures in MEASURES.items():
+            m = rows.get(f"latent {stage}")
+            if not m or not lanczos:
+                continue
+            parts, ahead = [], True
+            for key, better, digits in measures:
+                wins = m[key] > lanczos[key] if better == "higher" else m[key] < lanczos[key]
+                ahead &= wins
+                parts.append(f"{key} {m[key]:.{digits}f} vs {lanczos[key]:.{digits}f}")
+            lines.append(f"r={r} {stage}: {'ahead of' if ahead else 'behind'} lanczos ({', '.join(parts)})")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -137,7 +167,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = table(results, args.n, radius)
+    text = "\n".join([table(results, args.n, radius), "", *against_lanczos(results)])
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -9,13 +9,26 @@ pool statistics over later rows and leak the future.
 
 Heads: `logits` (stage 1, token CE) or `latent`, a continuous code vector on the unit sphere quantised to
 the nearest code with a straight-through estimator (stages 2 and 3: decoded by the frozen VQ decoder).
+
+`base=bicubic` makes U_r a learned correction of the pixel path, as SR networks learn a residual over an
+interpolated image: the frozen tokenizer decodes the low-res tokens, bicubic interpolation takes the image to the
+high resolution and the encoder's latents there become the base (the logits head adds their cosine with every
+code, the latent head adds the latents themselves), fed to the network too. Its last layer starts at zero, so an
+untrained U_r returns exactly the pixel path's tokens and training can only start from interpolation. The base is
+not row-causal (the VQ decoder and encoder see several rows), which costs nothing in MuLo-SD: it up-samples the
+whole known low-res prefix and keeps only the new rows, as for the pixel path.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..choices import UPSAMPLER_BASES
+from .pixel import bicubic
 
 HEADS = ("logits", "latent")
 
@@ -76,13 +89,16 @@ def nearest_code(z: torch.Tensor, codebook: torch.Tensor) -> tuple[torch.Tensor,
 class LatentUpsampler(nn.Module):
     """U_r: low-res tokens [B,h,w] -> high-res logits [B,V,rh,rw] or latents [B,D,rh,rw]."""
 
-    def __init__(self, codebook: torch.Tensor, r: int, width: int = 128, depth: int = 4, head: str = "logits"):
+    def __init__(self, codebook: torch.Tensor, r: int, width: int = 128, depth: int = 4, head: str = "logits",
+                 base: str = "none"):
         super().__init__()
         if r not in (2, 4):
             raise ValueError(f"r must be 2 or 4, got {r}")
         if head not in HEADS:
             raise ValueError(f"head must be one of {HEADS}, got {head!r}")
-        self.r, self.width, self.depth, self.head_kind = r, width, depth, head
+        if base not in UPSAMPLER_BASES:
+            raise ValueError(f"base must be one of {UPSAMPLER_BASES}, got {base!r}")
+        self.r, self.width, self.depth, self.head_kind, self.base = r, width, depth, head, base
         self.embed = CodeEmbedding(codebook, width)
         self.trunk = nn.Sequential(*[CausalResBlock(width) for _ in range(depth)])
         self.expand = nn.Conv2d(width, r * r * width, 1)  # per position: channel expansion, then PixelShuffle
@@ -92,6 +108,13 @@ class LatentUpsampler(nn.Module):
                                     nn.GELU())
         out = codebook.shape[0] if head == "logits" else codebook.shape[1]
         self.head = nn.Conv2d(width, out, 1)
+        object.__setattr__(self, "tokenizer", None)  # the base's frozen tokenizer: not a submodule, not exported
+        if base != "none":
+            self.base_proj = nn.Conv2d(codebook.shape[1], width, 1)
+            nn.init.zeros_(self.head.weight)  # untrained, U_r returns the base's tokens
+            nn.init.zeros_(self.head.bias)
+            if head == "logits":  # the base's cosines, sharpened to logits by a learned temperature
+                self.base_log_scale = nn.Parameter(torch.tensor(math.log(10.0)))
 
     @property
     def codebook(self) -> torch.Tensor:
@@ -101,15 +124,35 @@ class LatentUpsampler(nn.Module):
         """What an export's config.json records; `build_sampler` rebuilds the architecture from it."""
         V, D = self.codebook.shape
         return {"kind": "up", "r": self.r, "width": self.width, "depth": self.depth, "head": self.head_kind,
-                "codebook_size": V, "code_dim": D}
+                "base": self.base, "codebook_size": V, "code_dim": D}
+
+    def use_tokenizer(self, tokenizer: nn.Module) -> LatentUpsampler:
+        """The frozen tokenizer a base is computed with (the one whose codes U_r reads and writes)."""
+        object.__setattr__(self, "tokenizer", tokenizer)
+        return self
+
+    @torch.no_grad()
+    def interpolated(self, tokens_low: torch.Tensor) -> torch.Tensor:
+        """The base: the pixel path's high-res latents [B,D,rh,rw] on the unit sphere (decode, bicubic, encode)."""
+        if self.tokenizer is None:
+            raise ValueError(f"this U_r corrects {self.base} interpolation and needs its tokenizer: "
+                             "load_sampler(..., tokenizer=...) or use_tokenizer()")
+        images = self.tokenizer.decode(tokens_low).clamp(-1, 1)
+        return F.normalize(self.tokenizer.encode_latents(bicubic(images, self.r)), dim=1)
 
     def last_layer(self) -> torch.Tensor:
         return self.head.weight
 
     def forward(self, tokens_low: torch.Tensor) -> torch.Tensor:
-        x = self.trunk(self.embed(tokens_low))
-        x = self.refine(self.shuffle(self.expand(x)))
-        return self.head(x)
+        x = self.shuffle(self.expand(self.trunk(self.embed(tokens_low))))
+        if self.base == "none":
+            return self.head(self.refine(x))
+        z = self.interpolated(tokens_low)
+        out = self.head(self.refine(x + self.base_proj(z)))
+        if self.head_kind == "latent":
+            return out + z
+        codes = self.tokenizer.codebook().to(z.dtype)  # the tokenizer's own, so the base's argmax is its encode
+        return out + self.base_log_scale.exp() * torch.einsum("bdhw,vd->bvhw", z, codes)
 
     def quantised(self, tokens_low: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Latent head only: (straight-through quantised latents [B,D,rh,rw], tokens [B,rh,rw])."""
@@ -170,4 +213,5 @@ def build_sampler(config: dict, codebook: torch.Tensor) -> nn.Module:
     c = config
     if c["kind"] == "down":
         return LatentDownsampler(codebook, c["r"], c["width"], c["depth"])
-    return LatentUpsampler(codebook, c["r"], c["width"], c["depth"], head=c.get("head") or head_for(c["stage"]))
+    return LatentUpsampler(codebook, c["r"], c["width"], c["depth"], head=c.get("head") or head_for(c["stage"]),
+                           base=c.get("base", "none"))
