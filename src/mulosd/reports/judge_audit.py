@@ -40,8 +40,10 @@ BATCH = 8  # the batch the labelled images were decoded in (see decode_items)
 # equal-quality windows, and MuLo-SD's default
 METHODS = {"ar": {"decoding": "ar"}, "zipar_w1": {"decoding": "zipar", "window": 1},
            "zipar_w3": {"decoding": "zipar", "window": 3},
-           # the default of the day the images were labelled (their hashes hold them): the paper's expansion
-           "mulosd": {"decoding": "mulosd", "expanded": "resample", "radius": 1, "draft_rows": 4}}
+           # the default of the day the images were labelled (their hashes hold them): the paper's expansion,
+           # and the U_2 of that day, kept in the zoo for this
+           "mulosd": {"decoding": "mulosd", "expanded": "resample", "radius": 1, "draft_rows": 4,
+                      "models": {"up": "synthscenes_up2_gan_audit"}}}
 LABELS = Path(__file__).with_name("judge_audit.json")
 
 
