@@ -204,9 +204,7 @@ class SamplerModelConfig:
     tokenizer: str = "synthscenes_vq_f8"
     width: int = 128  # channels (sr: SRVGG's num_feat)
     depth: int = 4  # residual blocks (sr: SRVGG's num_conv)
-    # up only: none (U_r from the low-res tokens alone) | bicubic (U_r learns a correction of the pixel path's
-    # bicubic interpolation and starts equal to it; samplers/latent.py)
-    base: str = "none"
+    base: str = "none"  # up only: none (from the low-res tokens alone) | bicubic (a correction of the pixel path)
     init_from: str | None = None  # an earlier stage's sampler (zoo name or exported directory)
     loss: SamplerLossConfig = field(default_factory=SamplerLossConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
