@@ -93,7 +93,14 @@ def decode_items(items: list[Item], progress: bool = True) -> list[np.ndarray]:
     cfgs = {m: OmegaConf.merge(base, s) for m, s in METHODS.items()}
     for cfg in cfgs.values():
         validate_infer(cfg)
-    pipe = Pipeline.from_config(base, {cfg.decoding for cfg in cfgs.values()})
+    def models(cfg):  # the models a method's settings name (MuLo-SD keeps the U_2 of its labels)
+        return OmegaConf.to_yaml(cfg.models)
+
+    pipes = {}
+    for cfg in cfgs.values():
+        if models(cfg) not in pipes:
+            pipes[models(cfg)] = Pipeline.from_config(cfg, {c.decoding for c in cfgs.values()
+                                                            if models(c) == models(cfg)})
     batches = sorted({(it.world, it.method, it.index // BATCH) for it in items})
     decoded = {}
     with tqdm(total=len(batches), desc="judge audit: decoding", unit="batch", disable=not progress) as bar:
@@ -102,6 +109,7 @@ def decode_items(items: list[Item], progress: bool = True) -> list[np.ndarray]:
             if not prompts:
                 raise ValueError(f"world {world} has no audit prompt {b * BATCH}")
             cfg = cfgs[method]
+            pipe = pipes[models(cfg)]
             tokens, _ = pipe.decode(cfg.decoding, cfg, [c for _, c, _ in prompts],
                                     torch.tensor([i for i, _, _ in prompts]))
             for (i, _, _), image in zip(prompts, pipe.images(tokens), strict=True):
