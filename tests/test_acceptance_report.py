@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mulosd.reports.acceptance import Rung, object_tokens
+from mulosd.reports.acceptance import Rung, needed_rate, object_tokens
 
 
 def test_rates_under_the_ratio_and_the_threshold_test_by_hand():
@@ -26,14 +26,22 @@ def test_object_tokens_are_the_patches_holding_saturated_pixels():
     assert torch.equal(got, want)
 
 
+def test_the_rate_a_speed_needs_is_read_between_the_measured_points():
+    rates, speeds = [0.7, 0.9, 1.0], [0.8, 1.0, 1.6]
+    assert needed_rate(rates, speeds, 1.3) == pytest.approx(0.95)  # half-way from 1.0x at 0.9 to 1.6x at 1.0
+    assert needed_rate(rates, speeds, 1.0) == 0.9  # a measured point that reaches it
+    assert needed_rate(rates, speeds, 0.5) == 0.7  # every measured rate does: the lowest one
+    assert needed_rate(rates, speeds, 2.0) is None  # none does
+
+
 @pytest.mark.slow
 def test_the_report_on_the_shipped_zoo(tmp_path, capsys):
     from mulosd.reports.acceptance import main
 
     out = tmp_path / "acceptance.md"
     assert main(["--n", "2", "--batch", "2", "--out", str(out), "expanded=reverify"]) == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("acceptance: own=")
+    line, ceiling = capsys.readouterr().out.strip().splitlines()[-2:]
+    assert line.startswith("acceptance: own=") and ceiling.startswith("ceiling: 1.2x zipar_w3 needs accept>=")
     rates = dict(kv.split("=") for kv in line.split()[1:])
     assert set(rates) == {"own", "up_token_ce", "up_gan", "lanczos", "drafter", "raw", "kept"}
     assert all(0 <= float(v) <= 1 for v in rates.values())
@@ -43,4 +51,8 @@ def test_the_report_on_the_shipped_zoo(tmp_path, capsys):
     steps = next(r for r in text.splitlines() if r.startswith("| sequential steps, mean"))
     prefix, draft, verify, resample, total = (float(c) for c in steps.split("|")[2:7])
     assert prefix + draft + verify + resample == pytest.approx(total)
+    forced_all = next(r for r in text.splitlines() if r.startswith("| forced 1 |")).split("|")
+    assert float(forced_all[3]) == 0 and float(forced_all[4]) == 1  # every draft accepted: nothing resampled
+    peer = next(r for r in text.splitlines() if r.startswith("| zipar w3 |")).split("|")
+    assert float(peer[2]) == 61  # 16 rows of 16, each row 3 tokens behind the one above: 16 + 15 * 3 steps
     assert main(["--n", "2", "r=4"]) == 2  # the budget is defined at r = 2

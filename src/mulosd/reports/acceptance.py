@@ -21,7 +21,15 @@ test's probability averaged, not one draw), split by object vs background tokens
 of the tested image holds object pixels by the judge's saturation rule) and by row within a drafted block.
 The decoding rung also accounts every sequential step by phase (drafting, verification, resampling) and
 re-grows its raw rejections at other radii (what the same drafts would keep: a bound, not a decode).
-The last line: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..`.
+
+The ceiling: MuLo-SD decodes the first `--ceiling-n` prompts with the acceptance test replaced by a coin per
+drafted token (forced rates, rejections falling at random), interleaved prompt by prompt with the peer it must
+beat, ZipAR window 3, at batch 1 after a warm-up. Its speed against ZipAR at each rate, wall-clock and counting
+only the backbones' forwards (no U_r, D_r, sampling or Python), says which acceptance the target of 1.2x needs;
+the ladder says which acceptance the models give.
+
+The last lines: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..` and
+`ceiling: ..`.
 """
 
 from __future__ import annotations
@@ -48,17 +56,21 @@ from ..decoding import from_config
 from ..decoding.acceptance import pooled_mass
 from ..decoding.ar import decode_ar
 from ..decoding.islands import expand, raster_linked_islands
-from ..decoding.mulosd import PHASES, MuLoSDConfig, draft_warpers, parents
+from ..decoding.mulosd import PHASES, MuLoSDConfig, decode_mulosd, draft_warpers, parents
 from ..decoding.zipar import decode_zipar
 from ..eval import EVAL_SEED, prompt_set
 from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
 from ..tokenizer import tokens_to_images
 from ..zoo import load_sampler
+from .costmodel import forced
 from .samplers import sampler_name
 
 TAUS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 RADII = (0, 1, 2)
+FORCED = (0.7, 0.84, 0.9, 0.95, 0.98, 1.0)  # about real decoding's raw rate, and the best up-sampler's (the ladder)
+PEER_WINDOW = 3  # the fastest peer setting within 0.02 GenEval of `ar` on the bench (docs/results.md)
+TARGET = 1.2  # the issue's bar: MuLo-SD at least this much faster than that peer
 
 
 @torch.no_grad()
@@ -102,6 +114,28 @@ class Rung:
             return (self.mass >= tau).float()
         scale = tau * self.q if test == "ratio" else torch.full_like(self.q, tau)  # sampled: a drafter sure of it
         return (self.mass / scale.clamp_min(1e-12)).clamp(max=1.0)
+
+
+class Timed:
+    """A backbone whose forwards (the prefix's and every later one) add their wall-clock to `seconds`."""
+
+    def __init__(self, backbone: ARBackbone):
+        self.backbone, self.seconds = backbone, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self.backbone, name)
+
+    def _timed(self, fn, *args, **kw):
+        t = time.perf_counter()
+        out = fn(*args, **kw)
+        self.seconds += time.perf_counter() - t
+        return out
+
+    def start(self, captions: list[str]) -> torch.Tensor:
+        return self._timed(self.backbone.start, captions)
+
+    def __call__(self, *args, **kw) -> torch.Tensor:
+        return self._timed(self.backbone, *args, **kw)
 
 
 def row_in_block(N: int, grid: int, block_rows: int) -> torch.Tensor:
@@ -190,12 +224,93 @@ class Budget:
                                                                         for r, v in grown.items()},
                 "steps": np.array(steps, dtype=float), "islands": np.array(islands, dtype=float)}
 
+    def ceiling(self, n: int) -> dict[str, dict[str, float]]:
+        """ZipAR window 3, MuLo-SD with its own test, and MuLo-SD at each FORCED rate, interleaved prompt by prompt
+        at batch 1 (the order rotates) after one warm-up decode each: per method the mean wall seconds, forward
+        seconds, steps, resampling steps and kept share."""
+        p, cfg, k = self.pipe, self.cfg, self.knobs
+
+        def zipar(caption, i):
+            bb = Timed(p.backbone())
+            _, t = decode_zipar(bb, [caption], window=PEER_WINDOW, seed=cfg.seed, warpers=p.warpers,
+                                image_ids=torch.tensor([i]))
+            return t, bb.seconds
+
+        def mulosd(rate):
+            def run(caption, i):
+                v, d = Timed(p.backbone()), Timed(p.drafter_backbone(k))
+                _, t = decode_mulosd(v, d, p.up, p.down, [caption], p.neighbours, k, seed=cfg.seed,
+                                     warpers=p.warpers, image_ids=torch.tensor([i]),
+                                     accept=None if rate is None else forced(rate, seed=i))
+                return t, v.seconds + d.seconds
+            return run
+
+        methods = {f"zipar w{PEER_WINDOW}": zipar, "mulosd": mulosd(None)} | {f"forced {r:g}": mulosd(r)
+                                                                              for r in FORCED}
+        for run in methods.values():  # warm-up
+            run(self.prompts[0], 0)
+        rows = {name: [] for name in methods}
+        names = list(methods)
+        for i, caption in enumerate(tqdm(self.prompts[:n], desc="ceiling (timed)")):
+            for name in names[i % len(names):] + names[:i % len(names)]:
+                t, fwd = methods[name](caption, i)
+                drafted = t.counts.get("drafted", 0)
+                rows[name].append([t.wall_s, fwd, t.steps, t.counts.get("resample_steps", 0),
+                                   t.counts.get("accepted", 0) / drafted if drafted else float("nan")])
+        cols = ("wall_s", "forward_s", "steps", "resample_steps", "kept")
+        return {name: dict(zip(cols, np.array(r).mean(0), strict=True)) for name, r in rows.items()}
+
 
 def _rate(x: torch.Tensor) -> str:
     return f"{x.float().mean().item():.3f}" if x.numel() else "-"
 
 
-def report(budget: Budget, rungs: dict[str, Rung], dec: dict, seconds: float, command: str) -> tuple[str, str]:
+def needed_rate(rates: list[float], speeds: list[float], target: float) -> float | None:
+    """The forced rate at which the speed first reaches `target`, read off the measured points (linear between
+    the last one below and the first one at or above it; the lowest rate if that one already does); None where
+    no measured rate reaches it."""
+    points = list(zip(rates, speeds, strict=True))
+    for i, (r, s) in enumerate(points):
+        if s >= target:
+            if i == 0:
+                return r
+            r0, s0 = points[i - 1]
+            return r0 + (r - r0) * (target - s0) / (s - s0)
+    return None
+
+
+def ceiling_section(ceil: dict[str, dict[str, float]], n: int, up_rate: float, threads: int) -> tuple[list[str], str]:
+    """The ceiling table, what it says, and the `ceiling:` line."""
+    peer = ceil[f"zipar w{PEER_WINDOW}"]
+    rows = ["## The ceiling: MuLo-SD's speed at a forced acceptance rate", "",
+            f"{n} prompts, batch 1, {threads} thread{'s' * (threads != 1)}, one interleaved run after a warm-up: "
+            f"ZipAR window {PEER_WINDOW} (the fastest peer setting within 0.02 GenEval of `ar`), MuLo-SD with its "
+            "own test, and MuLo-SD with the test replaced by a coin per drafted token (re-tests too), rejections "
+            "falling at random. `forwards only` counts the backbones' forwards alone, on both sides (MuLo-SD "
+            "without U_r, D_r, sampling and the loop's Python: what a perfect implementation of this loop could "
+            "reach with these models).", "",
+            "| decode | steps | resampling steps | kept | ms per image | speed vs ZipAR | forwards only |",
+            "|---|---|---|---|---|---|---|"]
+    for name, m in ceil.items():
+        kept = "" if np.isnan(m["kept"]) else f"{m['kept']:.3f}"
+        rows.append(f"| {name} | {m['steps']:.1f} | {m['resample_steps']:.1f} | {kept} | {1e3 * m['wall_s']:.0f} | "
+                    f"{peer['wall_s'] / m['wall_s']:.2f}x | {peer['forward_s'] / m['forward_s']:.2f}x |")
+    forced_rows = [(float(name.split()[1]), m) for name, m in ceil.items() if name.startswith("forced")]
+    rates = [r for r, _ in forced_rows]
+    wall = needed_rate(rates, [peer["wall_s"] / m["wall_s"] for _, m in forced_rows], TARGET)
+    fwd = needed_rate(rates, [peer["forward_s"] / m["forward_s"] for _, m in forced_rows], TARGET)
+    fmt = lambda x: "above 1.0 (not reached)" if x is None else f"{x:.2f}"  # noqa: E731
+    rows += ["", f"{TARGET:g}x ZipAR window {PEER_WINDOW} needs the verifier to accept {fmt(wall)} of the drafts "
+             f"({fmt(fwd)} counting forwards only). The verifier's own image through the best up-sampler of the "
+             f"ladder passes {up_rate:.3f}: that is what a drafter drawing exactly the verifier's image at 64 px "
+             "would get."]
+    line = (f"ceiling: {TARGET:g}x zipar_w{PEER_WINDOW} needs accept>={fmt(wall)} (forwards only {fmt(fwd)}); "
+            f"best img>up={up_rate:.3f}")
+    return rows, line
+
+
+def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n: int, seconds: float,
+           command: str) -> tuple[str, str]:
     cfg, k = budget.cfg, budget.knobs
     G, block_rows = budget.G, budget.r * k.draft_rows
     rows = row_in_block(G * G, G, block_rows)
@@ -242,7 +357,8 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, seconds: float, co
              "| sequential steps, mean | " + " | ".join(f"{v:.1f}" for v in s.mean(0)) + " |",
              "| min - max | " + " | ".join(f"{lo:.0f} - {hi:.0f}" for lo, hi in zip(s.min(0), s.max(0),
                                                                                     strict=True)) + " |"]
-    own = rungs["own"].passed(k.tau, k.acceptance).mean().item()
+    rates = {name: rung.passed(k.tau, k.acceptance).mean().item() for name, rung in rungs.items()}
+    own = rates["own"]
     up = {s: rungs[f"img>U_r {s}"].passed(k.tau, k.acceptance).mean().item() for s in SAMPLER_STAGES}
     lanczos = rungs["img>lanczos"].passed(k.tau, k.acceptance).mean().item()
     drafter = rungs[f"drafter>U_r {cfg.stage}"].passed(k.tau, k.acceptance).mean().item()
@@ -256,9 +372,10 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, seconds: float, co
              f"{up[cfg.stage] - drafter:.3f}",
              f"- real decoding against the drafter rung (contexts: committed rows, D_r): "
              f"{drafter - raw.mean().item():.3f}",
-             f"- the rejection stage (radius {k.radius}): {raw.mean().item() - kept.mean().item():.3f}", "",
-             "```", line, "```"]
-    return "\n".join(head) + "\n", line
+             f"- the rejection stage (radius {k.radius}): {raw.mean().item() - kept.mean().item():.3f}", ""]
+    rows, ceiling_line = ceiling_section(ceil, ceil_n, max(v for name, v in rates.items() if name.startswith('img>')), threads)
+    head += rows + ["", "```", line, ceiling_line, "```"]
+    return "\n".join(head) + "\n", line + "\n" + ceiling_line
 
 
 def main(argv=None) -> int:
@@ -267,11 +384,12 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--batch", type=int, default=8, help="batch of the ladder's decodes (decoding runs at 1)")
     ap.add_argument("--prompt-seed", type=int, default=EVAL_SEED)
+    ap.add_argument("--ceiling-n", type=int, default=48, help="prompts of the timed ceiling run (its first ones)")
     ap.add_argument("--out", type=Path, help="write the report (markdown) here")
     ap.add_argument("overrides", nargs="*", help="infer.py settings, KEY=VALUE (default: what infer.py ships)")
     args = ap.parse_args(argv)
-    if args.n < 1 or args.batch < 1:
-        ap.error("--n and --batch must be >= 1")
+    if args.n < 1 or args.batch < 1 or args.ceiling_n < 1:
+        ap.error("--n, --batch and --ceiling-n must be >= 1")
     from ..config import ConfigError
     from ..config.infer import validate_infer
 
@@ -290,9 +408,11 @@ def main(argv=None) -> int:
         return 2
     rungs = budget.ladder()
     dec = budget.decoding()
+    ceil_n = min(args.ceiling_n, args.n)
+    ceil = budget.ceiling(ceil_n)
     command = " ".join(["python -m mulosd.reports.acceptance", f"--n {args.n}", f"--prompt-seed {args.prompt_seed}",
                         *args.overrides])
-    text, line = report(budget, rungs, dec, time.perf_counter() - start, command)
+    text, line = report(budget, rungs, dec, ceil, ceil_n, time.perf_counter() - start, command)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
