@@ -39,6 +39,7 @@ from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_dec
 log = logging.getLogger(__name__)
 
 STAGES = ("token_ce", "mse_lpips", "gan")
+CE_SCALE = 10.0  # cosine -> logit for the pixel stages' token CE (the based logits head starts at this temperature)
 
 
 class SamplerModule(AdversarialSteps, L.LightningModule):
@@ -141,6 +142,10 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         commit = F.mse_loss(zn, q.detach())
         loss = loss + self.hparams["loss"]["commitment"] * commit
         logs.update(commit=commit.detach(), acc=(idx == high).float().mean())
+        if self.hparams["loss"].get("token_ce"):  # keeps stage 1's token agreement while pixels are optimised
+            ce = F.cross_entropy(CE_SCALE * torch.einsum("bdhw,vd->bvhw", zn, self.sampler.codebook), high)
+            loss = loss + self.hparams["loss"]["token_ce"] * ce
+            logs["ce"] = ce.detach()
         return loss, logs, fake
 
     def training_step(self, batch, batch_idx):
