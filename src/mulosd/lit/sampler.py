@@ -4,6 +4,7 @@ U_r through the paper's loss stages, the down-sampler D_r, and the pixel path's 
     token_ce   U_r with a logit head: CE against VQ(high-res image) tokens      (stage 1)
     mse_lpips  U_r with a latent head: the quantised latents are decoded by the frozen VQ decoder;
                MSE + LPIPS against the high-res image, plus a commitment term    (stage 2)
+               and, with loss.token_ce > 0, stage 1's CE on the latent's cosines with the codes
     gan        stage 2 + PatchGAN (hinge, adaptive weight at the head, warm-up in batches)  (stage 3)
     D_r        always CE against VQ(low-res image) tokens
     sr         the SR network (samplers/sr.py) on the low-res view as the pixel path sees it, decoded from its
