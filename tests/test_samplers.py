@@ -127,7 +127,7 @@ def test_the_pixel_stages_token_ce_adds_stage_ones_loss_on_the_latents_cosines(t
     from mulosd.training import build_module
 
     overrides = ["experiment=upsampler_mse_lpips", f"model.tokenizer={tiny_tokenizer}", "model.width=16",
-                 "model.depth=1", "model.init_from=null", "model.base=none"]
+                 "model.depth=1", "model.init_from=null", "model.base=none", "model.loss.token_ce=0"]
     torch.manual_seed(0)
     module = build_module(compose_config("train", overrides).model)
     weighted = build_module(compose_config("train", overrides + ["model.loss.token_ce=0.5"]).model)

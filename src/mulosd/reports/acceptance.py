@@ -373,7 +373,8 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n
              f"- real decoding against the drafter rung (contexts: committed rows, D_r): "
              f"{drafter - raw.mean().item():.3f}",
              f"- the rejection stage (radius {k.radius}): {raw.mean().item() - kept.mean().item():.3f}", ""]
-    rows, ceiling_line = ceiling_section(ceil, ceil_n, max(v for name, v in rates.items() if name.startswith('img>')), threads)
+    best_up = max(v for name, v in rates.items() if name.startswith("img>"))  # any up-sampler, own image
+    rows, ceiling_line = ceiling_section(ceil, ceil_n, best_up, threads)
     head += rows + ["", "```", line, ceiling_line, "```"]
     return "\n".join(head) + "\n", line + "\n" + ceiling_line
 
