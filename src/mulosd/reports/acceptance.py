@@ -359,9 +359,8 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n
                                                                                     strict=True)) + " |"]
     rates = {name: rung.passed(k.tau, k.acceptance).mean().item() for name, rung in rungs.items()}
     own = rates["own"]
-    up = {s: rungs[f"img>U_r {s}"].passed(k.tau, k.acceptance).mean().item() for s in SAMPLER_STAGES}
-    lanczos = rungs["img>lanczos"].passed(k.tau, k.acceptance).mean().item()
-    drafter = rungs[f"drafter>U_r {cfg.stage}"].passed(k.tau, k.acceptance).mean().item()
+    up = {s: rates[f"img>U_r {s}"] for s in SAMPLER_STAGES}
+    lanczos, drafter = rates["img>lanczos"], rates[f"drafter>U_r {cfg.stage}"]
     line = (f"acceptance: own={own:.3f} up_token_ce={up['token_ce']:.3f} up_gan={up['gan']:.3f} "
             f"lanczos={lanczos:.3f} drafter={drafter:.3f} raw={raw.mean().item():.3f} kept={kept.mean().item():.3f}")
     head += ["", "## Where drafts are lost (default test, shares of all drafted tokens)", "",
