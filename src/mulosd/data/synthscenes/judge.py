@@ -5,10 +5,11 @@ are the saturated ones (backgrounds are drawn at low saturation); a connected re
 colours, is one object, unless its colours taken apart fit shapes better than the whole (objects of
 different colours that touch). An object's shape is the template that fits it best, placed from its area
 and centroid, if it fits well enough and clearly better than the others (else it is a blob of no shape); a
-visible hole makes any object a ring. Its colour is the palette colour (nearest in hue) of a clear
-majority of its pixels, or none when no colour has one (a two-coloured object). The checks then follow
-GenEval's rules: presence (at least one), exact counts for counting prompts, colours, and relative position
-of centroids.
+visible hole makes any object a ring, and a cross needs four arms (its outline's radial profile). Seams that
+a generator's washed-out stripes cut into an object are closed first. Its colour is the palette colour
+(nearest in hue) of a clear majority of its pixels, or none when no colour has one (a two-coloured object).
+The checks then follow GenEval's rules: presence (at least one), exact counts for counting prompts, colours,
+and relative position of centroids.
 The background's colour is checked too, separately, because in this world the caption names it.
 
 `selftest` measures the judge against ground truth: each scene is judged against its true caption (the
@@ -38,12 +39,19 @@ OBJECT_MIN_VALUE = 0.18
 MIN_MATCH = 0.45  # below this a component is no shape: e.g. the hue fringe where orange meets green
 MIN_AREA = 0.004  # smallest object, as a fraction of the image (the world's smallest: ~0.011); below, a speck
 CIRCLE_MIN_MATCH = 0.83  # any compact blob fits a disc fairly well: a circle must fit it closely
+SQUARE_MIN_MATCH = 0.77  # a lumpy blob fits a square fairly well too
+CROSS_MIN_FOURFOLD = 0.6  # a cross has four arms: its outline's distance from the centre varies mostly with a
+#                           period of a quarter turn (this share of the variation; a splat's is spread out)
 SHAPE_MARGIN = 0.03  # the best shape must fit clearly better than the next: else it is a blob of no shape
 RING_MIN_HOLE = 0.1  # an object whose enclosed holes are this share of its filled area is a ring
 DOMINANT = 0.65  # an object has the colour of more than this share of its pixels, or none (people call a 60/40
 #                  object two-coloured)
 RELATION_MARGIN = 0.05  # centroids must differ by this fraction of the image side
 GREY_MAX_SATURATION = 0.12
+# A generator draws an object's stripes and dots (its darker shade) washed out, below the saturation floor, and
+# they cut seams into the object; a closing of this many pixels (at 128 px) mends them. The world keeps objects
+# several pixels apart, so it does not join two objects.
+SEAM_CLOSING = 1
 
 
 @dataclass(frozen=True)
@@ -126,19 +134,43 @@ def shape_scores(component: np.ndarray) -> dict[str, float]:
     return scores
 
 
+def radial_harmonics(component: np.ndarray, bins: int = 72, harmonics: int = 8) -> np.ndarray:
+    """How the outline's distance from the centroid varies around it: the magnitudes of harmonics 1..`harmonics`
+    of that distance (as a share of its mean) over the angle. A triangle's variation is mostly harmonic 3, a
+    square's and a cross's harmonic 4; a blob's is spread over many."""
+    rows, cols = np.nonzero(component)
+    cy, cx = rows.mean(), cols.mean()
+    edge = component & ~ndimage.binary_erosion(component)
+    er, ec = np.nonzero(edge)
+    angle = np.arctan2(er - cy, ec - cx)
+    which = ((angle + np.pi) / (2 * np.pi) * bins).astype(int) % bins
+    radius = np.zeros(bins)
+    np.maximum.at(radius, which, np.hypot(er - cy, ec - cx) + 0.5)
+    seen = np.flatnonzero(radius)
+    if len(seen) < bins:  # a small outline leaves some directions empty: interpolate them around the circle
+        radius = np.interp(np.arange(bins), np.r_[seen - bins, seen, seen + bins], np.tile(radius[seen], 3))
+    return np.abs(np.fft.rfft(radius / radius.mean()))[1:harmonics + 1] * 2 / bins
+
+
 def _classify_shape(component: np.ndarray) -> tuple[str, float, bool]:
     """Best-fitting shape of a component mask, its soft IoU with that shape, and whether a person would
     recognise it as that shape (it fits well enough, and clearly better than any other shape, or it has a
-    visible hole)."""
-    scores = shape_scores(component)
-    first, second = sorted(scores, key=scores.get, reverse=True)[:2]
+    visible hole; a cross also needs four arms)."""
     # a visible hole makes an object a ring, however thick or angular it is: no other shape has one
     filled = ndimage.binary_fill_holes(component)
     if (filled.sum() - component.sum()) >= RING_MIN_HOLE * filled.sum():
+        scores = shape_scores(component)
         match = max(scores["circle"], scores["ring"])
         return "ring", match, match >= MIN_MATCH
-    floor = CIRCLE_MIN_MATCH if first == "circle" else MIN_MATCH
-    return first, scores[first], scores[first] >= floor and scores[first] - scores[second] >= SHAPE_MARGIN
+    # smaller holes are its texture (a generator's dots), not its shape
+    scores = shape_scores(filled)
+    first, second = sorted(scores, key=scores.get, reverse=True)[:2]
+    floor = {"circle": CIRCLE_MIN_MATCH, "square": SQUARE_MIN_MATCH}.get(first, MIN_MATCH)
+    recognised = scores[first] >= floor and scores[first] - scores[second] >= SHAPE_MARGIN
+    if recognised and first == "cross":
+        h = radial_harmonics(filled)
+        recognised = h[3] >= CROSS_MIN_FOURFOLD * np.sqrt((h ** 2).sum())
+    return first, scores[first], recognised
 
 
 def _fit(component: np.ndarray, top: int, left: int, h: int, w: int, colour: str | None
@@ -199,6 +231,7 @@ def _detect(image: np.ndarray) -> tuple[list[Detection], list[Detection], str]:
     h, w = image.shape[:2]
     hsv = skcolor.rgb2hsv(image)
     is_object = (hsv[..., 1] >= OBJECT_MIN_SATURATION) & (hsv[..., 2] >= OBJECT_MIN_VALUE)
+    is_object |= ndimage.binary_closing(is_object, structure=np.ones((3, 3)), iterations=SEAM_CLOSING)
     colour_index = _nearest_hue(hsv[..., 0] * 360.0)
     labels, n = ndimage.label(is_object, structure=np.ones((3, 3)))
     objects = []
@@ -271,7 +304,8 @@ def falsify(scene: Scene, rng: np.random.Generator) -> Prompt:
 def degrade(image: np.ndarray, kind: str) -> np.ndarray:
     """The image degradations the self-test reports: 'clean', 'blur' (Gaussian, sigma 0.8 px), 'jpeg'
     (quality 75), 'speckled' (a generator's stray saturated pixels: 2 x 2 flecks of palette colours, each far
-    below an object's area, seeded by the image)."""
+    below an object's area, seeded by the image), 'washed' (a generator's washed-out texture: the middle of each
+    stripe or dot of an object's darker shade drawn at the background's saturation, a seam across the object)."""
     if kind == "clean":
         return image
     if kind == "blur":
@@ -290,6 +324,14 @@ def degrade(image: np.ndarray, kind: str) -> np.ndarray:
             r, c = int(rng.integers(h - 1)), int(rng.integers(w - 1))
             out[r:r + 2, c:c + 2] = palette[int(rng.integers(len(palette)))]
         return out
+    if kind == "washed":
+        hsv = skcolor.rgb2hsv(image)
+        saturated = hsv[..., 1] >= OBJECT_MIN_SATURATION
+        # the darker shade of a texture: saturated pixels well below the brightest object pixel nearby
+        dark = saturated & (hsv[..., 2] < 0.75 * ndimage.maximum_filter(np.where(saturated, hsv[..., 2], 0), size=7))
+        core = ndimage.binary_erosion(dark, structure=np.ones((3, 3)))
+        hsv[..., 1] = np.where(core, vocab.BACKGROUND_SATURATION, hsv[..., 1])
+        return np.clip(np.rint(skcolor.hsv2rgb(hsv) * 255), 0, 255).astype(np.uint8)
     raise ValueError(f"unknown degradation {kind!r}")
 
 
@@ -350,7 +392,7 @@ class SelftestResult:
         return self.table[(size, degradation)][category]
 
 
-DEGRADATIONS = ("blur", "jpeg", "speckled", *SCENE_PERTURBATIONS)
+DEGRADATIONS = ("blur", "jpeg", "speckled", "washed", *SCENE_PERTURBATIONS)
 
 
 def selftest(n: int, seed: int = 12345, sizes=(32, 64, 128), degradations=DEGRADATIONS,
