@@ -218,27 +218,51 @@ def detect(image: np.ndarray) -> tuple[list[Detection], str]:
     return recognised, background
 
 
+def _enlarged(image: np.ndarray) -> np.ndarray:
+    """An image smaller than JUDGED_SIZE, enlarged bilinearly: its anti-aliased edges then place object
+    boundaries between its pixels, and shapes are told apart at the sizes the thresholds were measured at."""
+    if min(image.shape[:2]) >= JUDGED_SIZE:
+        return image
+    scale = JUDGED_SIZE / min(image.shape[:2])
+    size = (round(image.shape[1] * scale), round(image.shape[0] * scale))
+    return np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+
+
+def _object_pixels(hsv: np.ndarray) -> np.ndarray:
+    is_object = (hsv[..., 1] >= OBJECT_MIN_SATURATION) & (hsv[..., 2] >= OBJECT_MIN_VALUE)
+    return is_object | ndimage.binary_closing(is_object, structure=np.ones((3, 3)), iterations=SEAM_CLOSING)
+
+
+def _regions(is_object: np.ndarray) -> list[tuple[tuple[slice, slice], np.ndarray]]:
+    labels, n = ndimage.label(is_object, structure=np.ones((3, 3)))
+    min_px = MIN_AREA * is_object.size
+    return [(sl, region) for sl, idx in zip(ndimage.find_objects(labels), range(1, n + 1), strict=True)
+            if (region := labels[sl] == idx).sum() >= min_px]
+
+
+def object_regions(image: np.ndarray) -> list[tuple[tuple[slice, slice], np.ndarray]]:
+    """The connected regions of object pixels (any colours; specks dropped) the judge reads objects from, each
+    as (its bounding slices, its mask within them), in the image as judged (enlarged to JUDGED_SIZE)."""
+    return _regions(_object_pixels(skcolor.rgb2hsv(_enlarged(image))))
+
+
+def name_shape(region: np.ndarray) -> str | None:
+    """The shape a person would name a region (bool mask) by the judge's rules, or None (a blob)."""
+    shape, _, recognised = _classify_shape(region)
+    return shape if recognised else None
+
+
 def _detect(image: np.ndarray) -> tuple[list[Detection], list[Detection], str]:
     """(objects recognised as their shapes, objects too rough to name (with the shape they fit best), the
-    background's colour name).
-
-    An image smaller than JUDGED_SIZE is enlarged bilinearly first: its anti-aliased edges then place object
-    boundaries between its pixels, and shapes are told apart at the sizes the thresholds were measured at."""
-    if min(image.shape[:2]) < JUDGED_SIZE:
-        scale = JUDGED_SIZE / min(image.shape[:2])
-        size = (round(image.shape[1] * scale), round(image.shape[0] * scale))
-        image = np.asarray(Image.fromarray(image).resize(size, Image.BILINEAR))
+    background's colour name)."""
+    image = _enlarged(image)
     h, w = image.shape[:2]
     hsv = skcolor.rgb2hsv(image)
-    is_object = (hsv[..., 1] >= OBJECT_MIN_SATURATION) & (hsv[..., 2] >= OBJECT_MIN_VALUE)
-    is_object |= ndimage.binary_closing(is_object, structure=np.ones((3, 3)), iterations=SEAM_CLOSING)
+    is_object = _object_pixels(hsv)
     colour_index = _nearest_hue(hsv[..., 0] * 360.0)
-    labels, n = ndimage.label(is_object, structure=np.ones((3, 3)))
     objects = []
-    for sl, idx in zip(ndimage.find_objects(labels), range(1, n + 1), strict=True):
-        region = labels[sl] == idx
-        if region.sum() >= MIN_AREA * h * w:
-            objects += _objects(region, colour_index[sl], sl[0].start, sl[1].start, h, w)
+    for sl, region in _regions(is_object):
+        objects += _objects(region, colour_index[sl], sl[0].start, sl[1].start, h, w)
     names = list(vocab.COLOURS)
     background = ~ndimage.binary_dilation(is_object, iterations=2)
     mean_rgb = image[background].reshape(-1, 3).mean(axis=0) if background.any() else image.reshape(-1, 3).mean(0)
