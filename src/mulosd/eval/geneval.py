@@ -31,14 +31,17 @@ def geneval_score(images: list[np.ndarray], captions: list[str]) -> dict:
         prompt = parse_caption(caption)
         passed.append(judge(image, prompt).geneval)
         cats.append(prompt.category)
-    out = {"n": len(passed), "passed": passed, "categories": cats}
-    rates = []
+    return {"n": len(passed), "passed": passed, "categories": cats, **category_rates(passed, cats)}
+
+
+def category_rates(passed: list[bool], categories: list[str]) -> dict:
+    """Per-image verdicts -> {"<category>": pass rate for each category present, "geneval": their mean}."""
+    out = {}
     for c in CATEGORIES:
-        hits = [p for p, k in zip(passed, cats, strict=True) if k == c]
+        hits = [p for p, k in zip(passed, categories, strict=True) if k == c]
         if hits:
             out[c] = float(np.mean(hits))
-            rates.append(out[c])
-    out["geneval"] = float(np.mean(rates)) if rates else 0.0
+    out["geneval"] = float(np.mean(list(out.values()))) if out else 0.0
     return out
 
 
