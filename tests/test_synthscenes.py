@@ -254,17 +254,6 @@ def test_a_cross_needs_four_arms_and_a_dotted_disc_is_a_circle():
     assert [d.shape for d in detect(dotted)[0]] == ["circle"]
 
 
-def test_a_rounded_oblong_with_four_corners_is_a_square_and_an_ellipse_a_circle():
-    yy, xx = np.mgrid[:128, :128]
-    dx, dy = np.clip(abs(xx - 64) - 13, 0, None), np.clip(abs(yy - 64) - 10, 0, None)
-    oblong = np.full((128, 128, 3), 128, np.uint8)  # 40 x 34 px, corners rounded with radius 7
-    oblong[(abs(xx - 64) < 20) & (abs(yy - 64) < 17) & (dx**2 + dy**2 < 7**2)] = vocab.COLOURS["purple"]
-    assert [d.shape for d in detect(oblong)[0]] == ["square"]  # judge v5 named nothing: disc and square tied
-    ellipse = np.full((128, 128, 3), 128, np.uint8)  # the same extents without corners
-    ellipse[((xx - 64) / 20) ** 2 + ((yy - 64) / 17) ** 2 < 1] = vocab.COLOURS["purple"]
-    assert [d.shape for d in detect(ellipse)[0]] == ["circle"]
-
-
 @pytest.mark.parametrize("shape", ["circle", "square", "triangle"])
 def test_washed_out_texture_seams_neither_cut_an_object_nor_make_it_a_ring(shape):
     scene = realise(parse_caption(f"a striped red {shape} on a fading gray background"), np.random.default_rng(9))

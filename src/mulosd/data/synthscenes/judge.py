@@ -42,8 +42,6 @@ CIRCLE_MIN_MATCH = 0.83  # any compact blob fits a disc fairly well: a circle mu
 SQUARE_MIN_MATCH = 0.77  # a lumpy blob fits a square fairly well too
 CROSS_MIN_FOURFOLD = 0.6  # a cross has four arms: its outline's distance from the centre varies mostly with a
 #                           period of a quarter turn (this share of the variation; a splat's is spread out)
-SQUARE_TIE_FOURFOLD = 0.5  # a rounded square (or an oblong one) fits a disc as well as a square: it is a square
-#                            if its outline has four corners (this share of its variation a quarter-turn's)
 SHAPE_MARGIN = 0.03  # the best shape must fit clearly better than the next: else it is a blob of no shape
 RING_MIN_HOLE = 0.1  # an object whose enclosed holes are this share of its filled area is a ring
 DOMINANT = 0.65  # an object has the colour of more than this share of its pixels, or none (people call a 60/40
@@ -154,17 +152,10 @@ def radial_harmonics(component: np.ndarray, bins: int = 72, harmonics: int = 8) 
     return np.abs(np.fft.rfft(radius / radius.mean()))[1:harmonics + 1] * 2 / bins
 
 
-def _fourfold(component: np.ndarray) -> float:
-    """The share of a component's outline variation with a period of a quarter turn (four arms or corners)."""
-    h = radial_harmonics(component)
-    return float(h[3] / max(np.sqrt((h ** 2).sum()), 1e-12))
-
-
 def _classify_shape(component: np.ndarray) -> tuple[str, float, bool]:
     """Best-fitting shape of a component mask, its soft IoU with that shape, and whether a person would
     recognise it as that shape (it fits well enough, and clearly better than any other shape, or it has a
-    visible hole; a cross also needs four arms; a shape as much a disc as a square is a square if it has four
-    corners)."""
+    visible hole; a cross also needs four arms)."""
     # a visible hole makes an object a ring, however thick or angular it is: no other shape has one
     filled = ndimage.binary_fill_holes(component)
     if (filled.sum() - component.sum()) >= RING_MIN_HOLE * filled.sum():
@@ -177,10 +168,8 @@ def _classify_shape(component: np.ndarray) -> tuple[str, float, bool]:
     floor = {"circle": CIRCLE_MIN_MATCH, "square": SQUARE_MIN_MATCH}.get(first, MIN_MATCH)
     recognised = scores[first] >= floor and scores[first] - scores[second] >= SHAPE_MARGIN
     if recognised and first == "cross":
-        recognised = _fourfold(filled) >= CROSS_MIN_FOURFOLD
-    elif not recognised and {first, second} == {"circle", "square"} and scores["square"] >= SQUARE_MIN_MATCH \
-            and scores[first] - scores[second] < SHAPE_MARGIN and _fourfold(filled) >= SQUARE_TIE_FOURFOLD:
-        return "square", scores["square"], True
+        h = radial_harmonics(filled)
+        recognised = h[3] >= CROSS_MIN_FOURFOLD * np.sqrt((h ** 2).sum())
     return first, scores[first], recognised
 
 
