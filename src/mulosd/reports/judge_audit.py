@@ -10,8 +10,10 @@ its pixels, so the images are regenerated, never stored, and a label is only com
 given for. The judge's rules were chosen on the worlds of `CHOSEN_ON` and are checked on the others.
 
     (default)       decode the set, judge it, compare with the labels: agreement overall, per world, on sure
-                    labels, per category and per method, next to the labellers' agreement with each other,
-                    and each disagreement; the last line `judge audit: n=.. agreement=..`
+                    labels, per category and per method, next to the labellers' agreement with each other and
+                    the most any judge can expect (`oracle_agreement`); the judge's shape names against
+                    people's for the regions of `judge_regions.json`; each disagreement; the last line
+                    `judge audit: n=.. agreement=..`
     --write-images  only decode the set and write it for labelling: 128 px PNGs, 4x enlargements, a manifest"""
 
 from __future__ import annotations

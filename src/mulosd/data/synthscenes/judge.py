@@ -14,7 +14,8 @@ The background's colour is checked too, separately, because in this world the ca
 
 `selftest` measures the judge against ground truth: each scene is judged against its true caption (the
 judge must say yes) and against a minimally falsified one (it must say no), rendered clean, degraded, and
-with the defects of generated images (speckles, two-coloured objects, touching objects). How it agrees with
+with the defects of generated images (speckles, washed-out texture, two-coloured objects, touching
+objects). How it agrees with
 people on generated images is `python -m mulosd.reports.judge_audit` (docs/judge.md)."""
 
 from __future__ import annotations
