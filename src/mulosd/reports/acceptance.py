@@ -63,6 +63,7 @@ from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
 from ..tokenizer import tokens_to_images
 from ..zoo import load_sampler
+from . import publish
 from .costmodel import forced
 from .samplers import sampler_name
 
@@ -412,12 +413,7 @@ def main(argv=None) -> int:
     ceil = budget.ceiling(ceil_n)
     command = " ".join(["python -m mulosd.reports.acceptance", f"--n {args.n}", f"--prompt-seed {args.prompt_seed}",
                         *args.overrides])
-    text, line = report(budget, rungs, dec, ceil, ceil_n, time.perf_counter() - start, command)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(line)
+    publish(*report(budget, rungs, dec, ceil, ceil_n, time.perf_counter() - start, command), args.out)
     return 0
 
 

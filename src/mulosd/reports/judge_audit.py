@@ -31,6 +31,7 @@ from PIL import Image
 
 from ..data.synthscenes import caption_text, judge, parse_caption, sample_scene, vocab
 from ..data.synthscenes.vocab import CATEGORIES
+from . import publish
 
 # world seed -> prompts per category. The judge's rules were chosen looking at the errors on the worlds of
 # CHOSEN_ON (on 2718 up to judge v3, v4's two rules on 3141's, v5's on all four); the others are held out:
@@ -295,14 +296,9 @@ def main(argv=None) -> int:
     result = audit(labels, images)
     result["regions"] = region_agreement(result["rows"], images)
     command = " ".join(["python -m mulosd.reports.judge_audit", *(argv if argv is not None else sys.argv[1:])])
-    text, line = report(result, command)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
     if args.pictures:
         disagreement_sheet(result["rows"], images, args.pictures)
-    print(line)
+    publish(*report(result, command), args.out)
     return 0
 
 

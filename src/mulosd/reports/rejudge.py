@@ -18,6 +18,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from ..eval.geneval import category_rates, geneval_score, paired_difference
+from . import publish
 
 
 def rejudge(run: Path) -> list[dict]:
@@ -63,12 +64,7 @@ def main(argv=None) -> int:
     if not (args.run / "verdicts.json").is_file() or not (args.run / "images").is_dir():
         print(f"error: {args.run} is not a finished bench run (no verdicts.json and images/ in it)", file=sys.stderr)
         return 2
-    text, line = report(args.run, rejudge(args.run))
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-    print(line)
+    publish(*report(args.run, rejudge(args.run)), args.out)
     return 0
 
 

@@ -32,6 +32,7 @@ from ..losses import build_lpips
 from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
 from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config, world_radius
+from . import publish
 
 STAGES = SAMPLER_STAGES
 SIZE = 128
@@ -167,12 +168,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text = "\n".join([table(results, args.n, radius), "", *against_lanczos(results)])
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(summary_line(results))
+    publish("\n".join([table(results, args.n, radius), "", *against_lanczos(results)]), summary_line(results), args.out)
     return 0
 
 
