@@ -3,11 +3,14 @@
 import csv
 import json
 import re
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+
+from mulosd.data.synthscenes.judge import VERSION as judge_version
 
 from .conftest import ROOT, cli_error, compose_config
 
@@ -39,7 +42,7 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     assert (tmp_path / "results.csv").read_text().count("\n") == 11 and (tmp_path / "speedup.png").is_file()
     cells = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     (where,) = {c["hardware"] for c in cells}  # where it ran, stored with each cell and named in the table
-    assert f"timed on {where};" in table.splitlines()[0]
+    assert f"timed on {where}, `ar` at " in table.splitlines()[0]
     assert "torch " in table.splitlines()[0] and "threads" in table.splitlines()[0]
     # per-prompt verdicts: each method's GenEval is the mean over categories of their pass rates
     verdicts = json.loads((tmp_path / "verdicts.json").read_text())
@@ -58,17 +61,26 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     forwards = {c["point"]: c["forwards"]["verifier"] for c in cells if c["start"] == 0}
     assert forwards["mulosd_r2_tau1_l1_zip"] < forwards["mulosd_r2_tau1_l1_round"]
     cells = (tmp_path / "cells.jsonl").read_text().splitlines()
+    assert all(json.loads(c)["judge"] == judge_version for c in cells)
     # a half-finished run elsewhere, killed while writing a cell: drop the last three cells and cut off the first
-    # of them; the rerun computes exactly those three, and the table names both machines
-    elsewhere = [json.dumps(json.loads(c) | {"hardware": "another machine"}) for c in cells[:-3]]
-    (tmp_path / "cells.jsonl").write_text("\n".join(elsewhere) + "\n" + cells[-3][:40])
+    # of them; the rerun computes exactly those three, and the table names both machines. The run was carried
+    # here as its cells.jsonl alone (no image of its other points: their verdicts are in the cells), except the
+    # images of a first cell stored by an older judge, with its verdicts flipped: it is judged again on them.
+    elsewhere = [json.loads(c) | {"hardware": "another machine"} for c in cells[:-3]]
+    elsewhere[0] |= {"judge": judge_version - 1, "passed": [not v for v in elsewhere[0]["passed"]]}
+    (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in elsewhere) + cells[-3][:40])
+    for folder in (tmp_path / "images").iterdir():
+        if folder.name != elsewhere[0]["point"]:
+            shutil.rmtree(folder)
     kept = {(json.loads(c)["point"], json.loads(c)["start"]) for c in cells[:-3]}
-    r = _bench(tiny_zoo, tmp_path, *variants)
+    r = _bench(tiny_zoo, tmp_path, "fd=false", *variants)  # FD needs every image
     assert r.returncode == 0, r.stderr[-3000:]
     again = [json.loads(c) for c in (tmp_path / "cells.jsonl").read_text().splitlines()]
     assert len(again) == 20 and {(c["point"], c["start"]) for c in again[:17]} == kept
+    assert all(c["judge"] == judge_version for c in again)
+    assert json.loads((tmp_path / "verdicts.json").read_text())["passed"] == verdicts["passed"]
     header = (tmp_path / "results.md").read_text().splitlines()[0]
-    assert f"timed on {' and '.join(sorted([where, 'another machine']))};" in header, header
+    assert f"timed on {' and '.join(sorted([where, 'another machine']))}, " in header, header
 
 
 @pytest.mark.parametrize("override, key", [
@@ -92,6 +104,25 @@ def test_a_variant_that_sets_tau_is_measured_at_its_own_tau():
     assert set(points) == {"ar", "mulosd_r2_tau0.05_l1_base", "mulosd_r2_tau0.1_l1_base", "mulosd_r2_tau0.5_l1_ratio"}
     c = _infer_cfg(cfg, points["mulosd_r2_tau0.5_l1_ratio"])
     assert c.tau == 0.5 and c.acceptance == "ratio" and c.r == 2 and c.radius == 1
+
+
+def test_the_start_up_line_names_each_mulosd_setting_and_whether_the_default_runs():
+    """Named variants replace today's default: the line says what each point changes, and when the default is
+    not among them."""
+    from mulosd.bench import grid, mulosd_settings
+
+    base = ["strategies=[zipar,mulosd]", "rs=[2]", "taus=[0.5]", "radii=[2]"]
+    cfg = compose_config("bench", [*base, "+variants.paper={expanded:resample,radius:1,draft_rows:4}",
+                                   "+variants.up={models:{up:synthscenes_up2_token_ce}}"])
+    line = mulosd_settings(cfg, grid(cfg))
+    assert "mulosd_r2_tau0.5_l1_paper (radius=1 expanded=resample draft_rows=4)" in line, line
+    assert "mulosd_r2_tau0.5_l2_up (models.up=synthscenes_up2_token_ce)" in line, line
+    assert line.endswith("today's default is not among them ('+variants.default={}' adds it)"), line
+    cfg = compose_config("bench", [*base, "taus=[0.5,1.0]", "+variants.default={}"])
+    line = mulosd_settings(cfg, grid(cfg))
+    assert line == ("bench: MuLo-SD runs at r=[2]: mulosd_r2_tau0.5_l2_default (today's default), "
+                    "mulosd_r2_tau1_l2_default (tau=1.0)"), line
+    assert mulosd_settings(cfg, grid(compose_config("bench", ["strategies=[zipar]"]))) == "bench: no MuLo-SD point"
 
 
 def test_zipar_is_measured_at_each_window_of_the_grid():

@@ -4,8 +4,9 @@ batch by batch (A B C A B C ...: this CPU's timing drifts by +-25% between runs,
 by side mean anything). Writes a markdown table, a CSV and plots of speed-up against SynthScenes-GenEval and
 against FD-VGG, one curve per method.
 
-Finished (point, batch) cells are appended to RUN/cells.jsonl with their images saved, so a killed bench
-resumes where it stopped instead of starting over.
+Finished (point, batch) cells are appended to RUN/cells.jsonl with their images saved and the judge's verdicts,
+so a killed bench resumes where it stopped instead of starting over, and a run whose cells.jsonl alone was kept
+(a long run carried across machines) resumes and is summarised without the images of its earlier cells.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,15 @@ from omegaconf import DictConfig, OmegaConf
 from PIL import Image
 from tqdm import tqdm
 
+from .atomic import atomic_write_bytes
 from .config import ConfigError, with_overrides
 from .config.bench import validate_bench
+from .data.synthscenes import parse_caption
+from .data.synthscenes.judge import VERSION as JUDGE_VERSION
+from .decoding.knobs import from_config
 from .decoding.registry import STRATEGIES
 from .eval import geneval_score, paired_difference, prompt_set, reference_renders
+from .eval.geneval import category_rates
 from .machine import log_conditions, use_threads
 
 log = logging.getLogger(__name__)
@@ -99,7 +105,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     cells_path = out / "cells.jsonl"
     done = {}
     if cfg.resume and cells_path.is_file():
-        done = _read_cells(cells_path)
+        done = _judged(_read_cells(cells_path), cells_path, prompts)
     elif cells_path.exists():
         cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -108,6 +114,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
     warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
+    log.info(mulosd_settings(cfg, points))
     log.info(f"bench: {len(points)} points x {len(starts)} batches of {cfg.batch_size} = {len(todo)} decodes to run "
              f"({len(starts) * len(points) - len(todo)} done); the time left is estimated after two batches")
     # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
@@ -139,11 +146,13 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
             folder = out / "images" / point.name
             folder.mkdir(parents=True, exist_ok=True)
-            for j, image in enumerate(pipes[key].images(tokens)):
+            images = pipes[key].images(tokens)
+            for j, image in enumerate(images):
                 Image.fromarray(image).save(folder / f"{start + j:04d}.png")
             cell = {"point": point.name, "start": start, "n": len(chunk), "wall_s": trace.wall_s,
                     "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts,
-                    "counters": trace.counters(), "hardware": where}
+                    "counters": trace.counters(), "hardware": where,
+                    "passed": geneval_score(images, chunk)["passed"], "judge": JUDGE_VERSION}
             with cells_path.open("a") as f:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
@@ -152,6 +161,36 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
     return summarise(cfg, out, prompts, points, done)
+
+
+def describe(cfg: DictConfig, point: Point) -> str:
+    """A point's knobs that differ from its strategy's defaults (infer.py's), and its models that differ from the
+    run's; "" where it runs the defaults."""
+    icfg = _infer_cfg(cfg, point)
+    knobs = STRATEGIES[point.strategy].config
+    changed = []
+    if knobs is not None:
+        ours, default = from_config(knobs, icfg), knobs()
+        keys = {f.name: f.metadata.get("key") or f.name for f in fields(knobs)}
+        changed = [f"{keys[k]}={getattr(ours, k)}" for k in vars(default) if getattr(ours, k) != getattr(default, k)]
+    if point.strategy == "mulosd" and icfg.r != 2:
+        changed.insert(0, f"r={icfg.r}")
+    changed += [f"models.{k}={v}" for k, v in icfg.models.items() if v != cfg.infer.models[k]]
+    return " ".join(changed + ["compile=true"] * point.compiled)
+
+
+def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
+    """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults,
+    and whether today's default is among them (named variants replace it: '+variants.default={}' adds it)."""
+    ours = [p for p in points if p.strategy == "mulosd" and not p.compiled]
+    if not ours:
+        return "bench: no MuLo-SD point"
+    today = "today's default"
+    described = [f"{p.name} ({describe(cfg, p) or today})" for p in ours]
+    line = f"bench: MuLo-SD runs at r={sorted({_infer_cfg(cfg, p).r for p in ours})}: " + ", ".join(described)
+    if not any(d.endswith(f"({today})") for d in described):
+        line += f"; {today} is not among them ('+variants.default={{}}' adds it)"
+    return line
 
 
 def _read_cells(path: Path) -> dict:
@@ -237,11 +276,13 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
 
         reference_features = vgg_features(reference)  # once, not once per point
     rows, reported, timed_on = [], set(), set()
+    categories = [parse_caption(t).category for t in prompts]
     for p in tqdm(points, desc="judge" + (" + FD-VGG" if cfg.fd else ""), unit="method"):
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
         timed_on |= {c.get("hardware", "hardware not recorded") for c in cells}
-        images = [np.asarray(Image.open(out / "images" / p.name / f"{i:04d}.png")) for i in range(len(prompts))]
-        score = geneval_score(images, prompts)
+        images = [_image(out / "images" / p.name, i) for i in range(len(prompts))] if cfg.fd or cfg.metrics else None
+        passed = [v for c in cells for v in c["passed"]]
+        score = {"passed": passed, "categories": categories, **category_rates(passed, categories)}
         row = {"method": p.name, "strategy": p.strategy, **{key: dict(p.settings).get(key, "") for key in AXES},
                "variant": p.variant or "", "compiled": p.compiled,
                "wall_s": sum(c["wall_s"] for c in cells),
@@ -277,6 +318,29 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     line = _last_line(rows, ar)
     log.info(line)
     return {"rows": rows, "line": line}
+
+
+def _image(folder: Path, i: int) -> np.ndarray:
+    path = folder / f"{i:04d}.png"
+    if not path.is_file():
+        raise ConfigError("out_dir", f"{path} is missing: FD, the real metrics and verdicts of an older judge need "
+                                     "the images (a run kept as its cells.jsonl alone has only its verdicts)")
+    return np.asarray(Image.open(path))
+
+
+def _judged(done: dict, path: Path, prompts: list[str]) -> dict:
+    """A resumed run's cells with today's judge's verdicts: a cell stored without them, or by an older judge, is
+    judged again on its images and cells.jsonl rewritten (atomically), so that the file alone can summarise it."""
+    stale = [key for key, c in done.items() if c.get("judge") != JUDGE_VERSION]
+    if not stale:
+        return done
+    for point, start in tqdm(stale, desc=f"judging {len(stale)} cells by judge v{JUDGE_VERSION}", unit="cell"):
+        cell = done[(point, start)]
+        images = [_image(path.parent / "images" / point, i) for i in range(start, start + cell["n"])]
+        cell |= {"passed": geneval_score(images, prompts[start:start + cell["n"]])["passed"],
+                 "judge": JUDGE_VERSION}
+    atomic_write_bytes(path, "".join(json.dumps(c) + "\n" for c in done.values()).encode())
+    return done
 
 
 def _verifier_shape(cfg: DictConfig):
@@ -336,7 +400,8 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig, timed_on: str) -> None:
         w.writerows(rows)
     fd = "fd_vgg" in rows[0]
     lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}, batch {cfg.batch_size}; "
-             f"timed on {timed_on}; speed-up = wall-clock of ar / of the method, same run", "",
+             f"timed on {timed_on}, `ar` at {rows[0]['ms_per_step']:.2f} ms per sequential step (a busy machine "
+             f"shows here); speed-up = wall-clock of ar / of the method, same run; judge v{JUDGE_VERSION}", "",
              "| method | speed-up | sequential steps | verifier forwards | tokens per verifier forward | "
              "drafter forwards | GenEval | GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if fd else "")]

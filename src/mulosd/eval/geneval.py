@@ -10,6 +10,13 @@ from ..data.synthscenes.vocab import CATEGORIES, RADIUS_RANGE
 
 EVAL_SEED = 4242  # training shards use world seed 0
 
+# The protocol of docs/results.md: settings, recipes and judge rules are chosen on the development worlds (the
+# default prompt sets, the sampling tuner's, the AR report's second set and the judge audit's); every reported
+# number comes from the report world, which no choice has looked at. A report world that a choice later looks
+# at joins the development worlds, and the next report draws a new one.
+DEVELOPMENT_WORLDS = (EVAL_SEED, 777, 4343, 2718, 3141, 1618, 9091, 5381, 7919)
+REPORT_WORLD = 8128
+
 
 def prompt_set(n: int = 200, seed: int = EVAL_SEED) -> list[str]:
     return [caption_text(sample_scene(seed, i).prompt) for i in range(n)]

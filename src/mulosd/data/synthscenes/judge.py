@@ -33,6 +33,8 @@ from . import vocab
 from .render import hue_of, render, shape_mask
 from .scene import ObjectSpec, Prompt, Scene, sample_scene
 
+# Bumped with every change of a rule: a verdict stored by an older version (a bench cell) is judged again.
+VERSION = 5
 OBJECT_MIN_SATURATION = 0.5  # backgrounds are drawn at saturation 0.3, objects at ~0.8
 OBJECT_MIN_VALUE = 0.18
 # What a person recognises as an object of a shape; the last four were measured on labelled generated images

@@ -1,0 +1,226 @@
+"""python -m mulosd.reports.frontier --speed RUN --quality RUN [--out DIR]
+
+Speed against quality, every point with its interval: the speed-up over `ar` from a batch-1 bench run (each
+cell one prompt, so the ratio's 95% interval is a bootstrap over prompts, resampled together for every
+method), and GenEval against `ar` from a bench run over more prompts (the paired 95% interval of
+eval.geneval). Both runs are read from their cells.jsonl and config.yaml alone, so runs carried between
+machines without their images serve; the quality run may be unfinished (the table says over how many prompts,
+the ones every point has). The prompts the two runs share must give the same verdicts: a batch decodes every
+image as it decodes alone, and the report counts the ones that differ.
+
+"Ahead" is claimed only beyond both intervals: A is ahead of B when the bootstrap interval of A's speed over
+B's lies above 1 and the paired interval of A's GenEval minus B's lies above 0. A point keeps `ar`'s quality
+when its interval against `ar` reaches 0. Writes DIR/frontier.md (the table), frontier.csv and frontier.png;
+the last line `frontier: fastest_at_ar_quality=.. speedup=.. mulosd_best=.. ..`."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from ..data.synthscenes import parse_caption
+from ..eval.geneval import category_rates, paired_difference, prompt_set
+from . import publish
+
+BOOTSTRAP = 2000  # resamples of the prompts for the speed-up's interval
+Z95 = 1.96
+
+
+def read_run(run: Path) -> tuple:
+    """A bench run's config and its cells by point, each point's cells in prompt order."""
+    for name in ("config.yaml", "cells.jsonl"):
+        if not (run / name).is_file():
+            raise FileNotFoundError(f"{run} is not a bench run: no {name} in it")
+    cfg = OmegaConf.load(run / "config.yaml")
+    cells: dict[str, dict[int, dict]] = {}
+    for line in (run / "cells.jsonl").read_text().splitlines():
+        if line.strip():
+            c = json.loads(line)
+            cells.setdefault(c["point"], {})[c["start"]] = c
+    return cfg, cells
+
+
+def covered(cells: dict[int, dict]) -> int:
+    """How many prompts from the first on a point's cells cover without a gap."""
+    n = 0
+    while n in cells:
+        n += cells[n]["n"]
+    return n
+
+
+def verdicts(cells: dict[int, dict], n: int) -> list[bool]:
+    out = []
+    for start in sorted(cells):
+        if start < n:
+            if "passed" not in cells[start]:
+                raise ValueError(f"cell {cells[start]['point']}@{start} has no verdicts: resume its run once with "
+                                 "today's bench, which judges the stored images of such cells")
+            out += cells[start]["passed"]
+    return out[:n]
+
+
+def speed(cells: dict[str, dict[int, dict]], n: int, rng: np.random.Generator) -> dict[str, dict]:
+    """Per point of a batch-1 run: its speed-up over `ar`, the bootstrap 95% interval, mean sequential steps, and
+    the per-prompt wall times (for pairwise intervals)."""
+    walls = {p: np.array([cs[i]["wall_s"] for i in range(n)]) for p, cs in cells.items()}
+    picks = rng.integers(0, n, size=(BOOTSTRAP, n))
+    out = {}
+    for p, w in walls.items():
+        ratio = walls["ar"][picks].sum(1) / w[picks].sum(1)
+        out[p] = {"speedup": walls["ar"].sum() / w.sum(), "ci": tuple(np.percentile(ratio, [2.5, 97.5])),
+                  "steps": float(np.mean([cells[p][i]["steps"] for i in range(n)])), "wall": w}
+    return out
+
+
+def frontier(speed_run: Path, quality_run: Path, seed: int = 0) -> dict:
+    """The joined table: a row per point measured in both runs, in the speed run's order."""
+    from ..bench import describe, grid
+
+    scfg, scells = read_run(speed_run)
+    qcfg, qcells = read_run(quality_run)
+    if scfg.batch_size != 1:
+        raise ValueError(f"{speed_run}: the speed run must be at batch 1 (it is at {scfg.batch_size})")
+    if scfg.prompt_seed != qcfg.prompt_seed:
+        raise ValueError(f"the runs draw different worlds: prompt_seed {scfg.prompt_seed} and {qcfg.prompt_seed}")
+    points = [p for p in grid(scfg) if p.name in qcells and p.name in scells]
+    ns = min(covered(scells[p.name]) for p in points)
+    nq = min(covered(qcells[p.name]) for p in points)
+    prompts = prompt_set(max(ns, nq), seed=scfg.prompt_seed)
+    categories = [parse_caption(t).category for t in prompts]
+    rng = np.random.default_rng(seed)
+    fast = speed({p.name: scells[p.name] for p in points}, ns, rng)
+    passed = {p.name: verdicts(qcells[p.name], nq) for p in points}
+    shared = min(ns, nq)
+    rows = []
+    for p in points:
+        diff, se = paired_difference(passed[p.name], passed["ar"], categories[:nq])
+        differ = sum(a != b for a, b in zip(verdicts(scells[p.name], shared), passed[p.name][:shared], strict=True))
+        rows.append({"method": p.name, "strategy": p.strategy, "knobs": describe(scfg, p) or "defaults",
+                     "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
+                     "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
+                     "geneval": category_rates(passed[p.name], categories[:nq])["geneval"],
+                     "vs_ar": diff, "vs_ar_ci95": Z95 * se, "keeps_ar": diff + Z95 * se >= 0,
+                     "verdicts_differ": differ})
+    picks = rng.integers(0, ns, size=(BOOTSTRAP, ns))
+    for a in rows:
+        a["behind"] = [b["method"] for b in rows if b is not a and _ahead(b, a, fast, passed, categories[:nq], picks)]
+    return {"rows": rows, "n_speed": ns, "n_quality": nq, "n_quality_target": qcfg.n_prompts, "shared": shared,
+            "world": scfg.prompt_seed, "speed_cells": scells, "timed_on": _timed_on(scells)}
+
+
+def _ahead(a: dict, b: dict, fast: dict, passed: dict, categories: list[str], picks: np.ndarray) -> bool:
+    """a is ahead of b beyond both intervals: faster (bootstrap interval of the ratio above 1) and better in
+    GenEval (paired interval above 0)."""
+    wa, wb = fast[a["method"]]["wall"], fast[b["method"]]["wall"]
+    if np.percentile(wb[picks].sum(1) / wa[picks].sum(1), 2.5) <= 1:
+        return False
+    diff, se = paired_difference(passed[a["method"]], passed[b["method"]], categories)
+    return diff - Z95 * se > 0
+
+
+def _timed_on(cells: dict) -> str:
+    where = sorted({c.get("hardware", "hardware not recorded") for cs in cells.values() for c in cs.values()})
+    ar = cells["ar"].values()
+    ms = 1e3 * sum(c["wall_s"] for c in ar) / sum(c["steps"] for c in ar)
+    return f"{' and '.join(where)}; `ar` at {ms:.2f} ms per sequential step"
+
+
+def headline(rows: list[dict]) -> str:
+    keep = sorted((r for r in rows if r["keeps_ar"] and r["strategy"] != "ar"), key=lambda r: -r["speedup"])
+    ours = sorted((r for r in rows if r["strategy"] == "mulosd"), key=lambda r: -r["speedup"])
+    best_ours = next((r for r in ours if r["keeps_ar"]), None)
+    parts = [f"fastest_at_ar_quality={keep[0]['method'] if keep else 'none'}",
+             f"speedup={keep[0]['speedup']:.2f}" if keep else "speedup=0.00",
+             f"mulosd_best={best_ours['method'] if best_ours else 'none'}",
+             f"mulosd_speedup={best_ours['speedup']:.2f}" if best_ours else "mulosd_speedup=0.00",
+             f"points={len(rows)}"]
+    return "frontier: " + " ".join(parts)
+
+
+def report(f: dict) -> tuple[str, str]:
+    rows = f["rows"]
+    lines = [f"World {f['world']}: speed-up over `ar` at batch 1 on {f['n_speed']} prompts (one interleaved run; "
+             f"95% bootstrap interval over prompts), timed on {f['timed_on']}; GenEval on {f['n_quality']} prompts"
+             + (f" of the run's {f['n_quality_target']} (unfinished)" if f["n_quality"] < f["n_quality_target"]
+                else "")
+             + f", paired against `ar` (95%). Verdicts that differ between the two runs on their {f['shared']} "
+             f"shared prompts: {sum(r['verdicts_differ'] for r in rows)} of {f['shared'] * len(rows)}.", "",
+             "| method | knobs | speed-up (95%) | steps | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
+             "behind, beyond both intervals |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: -r["speedup"]):
+        lines.append(f"| {r['method']} | {r['knobs']} | {r['speedup']:.2f}x ({r['speedup_lo']:.2f}-"
+                     f"{r['speedup_hi']:.2f}) | {r['steps']:.0f} | {r['geneval']:.3f} | "
+                     f"{r['vs_ar']:+.3f} ± {r['vs_ar_ci95']:.3f} | {'yes' if r['keeps_ar'] else 'no'} | "
+                     f"{', '.join(r['behind']) or '-'} |")
+    line = headline(rows)
+    return "\n".join(lines) + "\n", line
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    ax.axhline(0, color="grey", lw=0.8, ls="--")
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        rs = [r for r in rows if r["strategy"] == strategy]
+        x = np.array([r["speedup"] for r in rs])
+        xerr = np.array([[r["speedup"] - r["speedup_lo"] for r in rs], [r["speedup_hi"] - r["speedup"] for r in rs]])
+        ax.errorbar(x, [r["vs_ar"] for r in rs], yerr=[r["vs_ar_ci95"] for r in rs], xerr=xerr, fmt="o",
+                    capsize=2, label=strategy, alpha=0.85)
+        for r in rs:
+            ax.annotate(r["method"].removeprefix(strategy).strip("_") or strategy, (r["speedup"], r["vs_ar"]),
+                        fontsize=6, xytext=(3, 3), textcoords="offset points")
+    best = []  # the frontier by point estimates: no point both faster and better
+    for r in sorted(rows, key=lambda r: -r["speedup"]):
+        if not best or r["vs_ar"] > best[-1]["vs_ar"]:
+            best.append(r)
+    ax.plot([r["speedup"] for r in best], [r["vs_ar"] for r in best], color="black", lw=0.8, alpha=0.5,
+            label="frontier (point estimates)")
+    ax.set_xlabel("speed-up over ar, batch 1 (95% bootstrap interval)")
+    ax.set_ylabel("GenEval - ar (paired 95% interval)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mulosd.reports.frontier", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--speed", type=Path, required=True, help="a bench run at batch_size=1 (its out_dir)")
+    ap.add_argument("--quality", type=Path, required=True, help="a bench run over more prompts of the same world")
+    ap.add_argument("--out", type=Path, help="write frontier.md, frontier.csv and frontier.png into this folder")
+    args = ap.parse_args(argv)
+    try:
+        f = frontier(args.speed, args.quality)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    text, line = report(f)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        keys = [k for k in f["rows"][0] if k != "behind"]
+        with (args.out / "frontier.csv").open("w", newline="") as fh:
+            w = csv.DictWriter(fh, keys + ["behind"])
+            w.writeheader()
+            w.writerows({**{k: r[k] for k in keys}, "behind": " ".join(r["behind"])} for r in f["rows"])
+        plot(f["rows"], args.out / "frontier.png",
+             f"world {f['world']}: speed on {f['n_speed']} prompts, GenEval on {f['n_quality']}")
+    publish(text, line, args.out / "frontier.md" if args.out else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
