@@ -112,6 +112,15 @@ def test_report_evaluates_a_tokenizer_and_refuses_a_missing_one(tmp_path):
     assert main(["--tokenizer", str(tmp_path / "nothing")]) == 2
 
 
+def test_the_report_line_names_each_size_it_measured():
+    from mulosd.reports.tokenizer import summary
+
+    row = {"psnr": 29.5, "lpips": 0.04, "judge": 1.0, "usage": 0.9}
+    assert summary({256: row, 128: row | {"psnr": 28.97}}) == (
+        "tokenizer: psnr128=28.97 psnr256=29.50 lpips128=0.0400 lpips256=0.0400 judge128=1.000 judge256=1.000 "
+        "usage256=0.900")
+
+
 def test_exported_weights_record_their_sha256_and_a_tampered_file_is_refused(tmp_path):
     from mulosd.zoo import file_sha256, save
 

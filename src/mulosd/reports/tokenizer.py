@@ -91,10 +91,16 @@ def main(argv=None) -> int:
     for size, r in rows.items():
         print(f"| {size} | {r['psnr']:.2f} | {r['lpips']:.4f} | {r['usage']:.3f} | {r['perplexity']:.0f} | "
               f"{r['judge']:.3f} | {r['judge_original']:.3f} |")
-    top = rows[max(rows)]
-    print(f"tokenizer: psnr128={top['psnr']:.2f} lpips128={top['lpips']:.4f} usage={top['usage']:.3f} "
-          f"judge128={top['judge']:.3f}")
+    print(summary(rows))
     return 0
+
+
+def summary(rows: dict[int, dict]) -> str:
+    """The last line: PSNR, LPIPS and the judge's round trip at each size measured, each named by its size, and
+    the codebook's usage at the largest."""
+    parts = [f"{k}{size}={r[k]:.{d}f}" for k, d in (("psnr", 2), ("lpips", 4), ("judge", 3))
+             for size, r in sorted(rows.items())]
+    return f"tokenizer: {' '.join(parts)} usage{max(rows)}={rows[max(rows)]['usage']:.3f}"
 
 
 if __name__ == "__main__":
