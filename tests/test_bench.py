@@ -96,20 +96,21 @@ def test_bench_refuses_bad_grids(tmp_path, override, key, capsys):
 
 
 def test_a_variant_that_sets_tau_is_measured_at_its_own_tau():
-    from mulosd.bench import _infer_cfg, grid
+    from mulosd.config.bench import grid, point_config
 
     cfg = compose_config("bench", ["strategies=[mulosd]", "rs=[2]", "taus=[0.05,0.1]", "radii=[1]",
                                    "+variants.base={}", "+variants.ratio={acceptance:ratio,tau:0.5}"])
     points = {p.name: p for p in grid(cfg)}
     assert set(points) == {"ar", "mulosd_r2_tau0.05_l1_base", "mulosd_r2_tau0.1_l1_base", "mulosd_r2_tau0.5_l1_ratio"}
-    c = _infer_cfg(cfg, points["mulosd_r2_tau0.5_l1_ratio"])
+    c = point_config(cfg, points["mulosd_r2_tau0.5_l1_ratio"])
     assert c.tau == 0.5 and c.acceptance == "ratio" and c.r == 2 and c.radius == 1
 
 
 def test_the_start_up_line_names_each_mulosd_setting_and_whether_the_default_runs():
     """Named variants replace today's default: the line says what each point changes, and when the default is
     not among them."""
-    from mulosd.bench import grid, mulosd_settings
+    from mulosd.bench import mulosd_settings
+    from mulosd.config.bench import grid
 
     base = ["strategies=[zipar,mulosd]", "rs=[2]", "taus=[0.5]", "radii=[2]"]
     cfg = compose_config("bench", [*base, "+variants.paper={expanded:resample,radius:1,draft_rows:4}",
@@ -126,12 +127,13 @@ def test_the_start_up_line_names_each_mulosd_setting_and_whether_the_default_run
 
 
 def test_zipar_is_measured_at_each_window_of_the_grid():
-    from mulosd.bench import _infer_cfg, grid
+    from mulosd.config.bench import grid, point_config
 
     cfg = compose_config("bench", ["strategies=[zipar,sd]", "windows=[1,3]"])
     points = {p.name: p for p in grid(cfg)}
     assert set(points) == {"ar", "zipar_s1", "zipar_s3", "sd"}
-    assert _infer_cfg(cfg, points["zipar_s3"]).window == 3 and _infer_cfg(cfg, points["sd"]).window == cfg.infer.window
+    assert point_config(cfg, points["zipar_s3"]).window == 3
+    assert point_config(cfg, points["sd"]).window == cfg.infer.window
     assert {p.name for p in grid(compose_config("bench", ["strategies=[zipar]"]))} == {"ar", "zipar"}
 
 

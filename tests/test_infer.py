@@ -70,7 +70,7 @@ def test_each_knobs_range_check_answers_for_its_command_line_key(key, value):
 def test_the_registry_is_the_whole_recipe():
     """One entry per strategy, named functions (jump-to-definition reaches the decoder), and the bench's grid
     measures every strategy a user names, by the registry's axes."""
-    from mulosd.bench import grid
+    from mulosd.config.bench import grid
 
     for name, s in STRATEGIES.items():
         assert s.name == name and s.run.__name__ == f"run_{name}" and s.drafts_with in (None, "drafter", "small")

@@ -4,6 +4,8 @@ reports a world none of them is, and every number of the README's results sectio
 import re
 from pathlib import Path
 
+import pytest
+
 from mulosd.eval import DEVELOPMENT_WORLDS, EVAL_SEED, REPORT_WORLD
 from mulosd.reports.judge_audit import SETS
 
@@ -14,9 +16,25 @@ RESULTS = README.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_worlds_choices_look_at_are_development_worlds():
-    assert EVAL_SEED in DEVELOPMENT_WORLDS  # the default prompt set of bench.py, infer's reports and the tuner
+    """The prompt sets that choose something (bench.py's and the reports' default, the sampling tuner's, the zoo
+    cycle's, the judge audit's) are development worlds; the report world is none of them."""
+    from mulosd.config.bench import BenchConfig
+
+    assert BenchConfig().prompt_seed in DEVELOPMENT_WORLDS and EVAL_SEED in DEVELOPMENT_WORLDS
     assert set(SETS) <= set(DEVELOPMENT_WORLDS)  # the judge's rules were chosen on (some of) the audit's worlds
+    script = (ROOT / "scripts" / "zoo_cycle.sh").read_text()
+    seeds = re.findall(r"--prompt-seed (\d+)", script) + re.findall(r"for seed in ([\d ]+);", script)[0].split()
+    assert seeds and {int(s) for s in seeds} <= set(DEVELOPMENT_WORLDS), seeds
     assert REPORT_WORLD not in DEVELOPMENT_WORLDS
+
+
+@pytest.mark.parametrize("seed", [REPORT_WORLD, EVAL_SEED, 0])
+def test_the_sampling_tuner_refuses_the_report_world_and_the_ar_report_set(seed, capsys):
+    from mulosd.reports.ar_tune import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--model", "synthscenes_ar_v2", "--prompt-seed", str(seed)])
+    assert stop.value.code == 2 and "tune on another world seed" in capsys.readouterr().err
 
 
 def test_the_readme_reports_the_report_world_and_nothing_under_conf_or_scripts_uses_it():

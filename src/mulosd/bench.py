@@ -11,15 +11,11 @@ so a killed bench resumes where it stopped instead of starting over, and a run w
 
 from __future__ import annotations
 
-import copy
 import csv
-import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -28,14 +24,11 @@ from PIL import Image
 from tqdm import tqdm
 
 from .atomic import atomic_write_bytes
-from .config import ConfigError, with_overrides
-from .config.bench import validate_bench
-from .data.synthscenes import parse_caption
+from .config import ConfigError
+from .config.bench import Point, describe, grid, parse_cells, point_config, validate_bench
 from .data.synthscenes.judge import VERSION as JUDGE_VERSION
-from .decoding.knobs import from_config
 from .decoding.registry import STRATEGIES
-from .eval import geneval_score, paired_difference, prompt_set, reference_renders
-from .eval.geneval import category_rates
+from .eval import categories, category_rates, geneval_score, paired_difference, prompt_set, reference_renders
 from .machine import log_conditions, use_threads
 
 log = logging.getLogger(__name__)
@@ -44,50 +37,6 @@ log = logging.getLogger(__name__)
 AXES = tuple(dict.fromkeys(a.key for s in STRATEGIES.values() for a in s.sweep))
 # "equal quality": GenEval at most this far below `ar`'s (a method above `ar` is of equal quality too)
 EQUAL_QUALITY = 0.02
-
-
-@dataclass(frozen=True)
-class Point:
-    """One measured setting: a strategy, the values of its sweep axes (decoding/registry.py), a MuLo-SD variant
-    (a key of cfg.variants) and whether it runs compiled."""
-
-    strategy: str
-    settings: tuple[tuple[str, Any], ...] = ()  # (infer key, value) per swept axis
-    variant: str | None = None
-    compiled: bool = False  # infer.compile=true
-
-    @property
-    def name(self) -> str:
-        values = dict(self.settings)
-        parts = [self.strategy] + [axis.label.format(values[axis.key]) for axis in STRATEGIES[self.strategy].sweep
-                                   if axis.key in values]
-        return "_".join(parts + [self.variant] * bool(self.variant) + ["compiled"] * self.compiled)
-
-
-def grid(cfg: DictConfig) -> list[Point]:
-    """ar, then each strategy at every combination of its axes' values (an axis with no values is not swept);
-    MuLo-SD once per variant, where a variant that sets an axis's key is measured at that value only."""
-    points = [Point("ar")]
-    for name in cfg.strategies:
-        for v in (list(cfg.variants) or [None]) if name == "mulosd" else [None]:
-            own = cfg.variants[v] if v else {}
-            axes = [(a.key, [own[a.key]] if a.key in own else list(cfg[a.values])) for a in STRATEGIES[name].sweep]
-            axes = [(key, values) for key, values in axes if values]
-            points += [Point(name, tuple(zip([k for k, _ in axes], combo, strict=True)), v)
-                       for combo in itertools.product(*(values for _, values in axes))]
-    if cfg.compile:
-        points += [replace(p, compiled=True) for p in points]
-    return points
-
-
-def _infer_cfg(cfg: DictConfig, point: Point) -> DictConfig:
-    c = copy.deepcopy(cfg.infer)
-    c.seed, c.batch_size = cfg.seed, cfg.batch_size
-    c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
-    for key, value in point.settings:
-        c[key] = value
-    c.compile = c.compile or point.compiled
-    return c
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
@@ -105,7 +54,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     cells_path = out / "cells.jsonl"
     done = {}
     if cfg.resume and cells_path.is_file():
-        done = _judged(_read_cells(cells_path), cells_path, prompts)
+        done = _read_cells(cells_path)
+        needed = {(p.name, s): len(prompts[s:s + cfg.batch_size]) for p in points
+                  for s in range(0, len(prompts), cfg.batch_size)}
+        for key, cell in done.items():  # a cell of another batching would pair verdicts with the wrong prompts
+            if key[0] in {p.name for p in points} and needed.get(key) != cell["n"]:
+                raise ConfigError("batch_size", f"{cells_path} holds cells of another batch size ({key[0]}: "
+                                                f"{cell['n']} prompts from {key[1]}); resume with that batch_size, "
+                                                "or give a new out_dir")
+        done = _judged(done, cells_path, prompts, needed)
     elif cells_path.exists():
         cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
@@ -130,7 +87,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 log.info(f"bench: a batch of every point takes {time.perf_counter() - pace[1]:.0f} s; about "
                          f"{(time.perf_counter() - pace[1]) * left / 60:.0f} min to go")
                 pace = None
-            icfg = _infer_cfg(cfg, point)
+            icfg = point_config(cfg, point)
             # what a pipeline loads depends on r and on these (a variant may change them)
             key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
             if key not in pipes:
@@ -163,22 +120,6 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     return summarise(cfg, out, prompts, points, done)
 
 
-def describe(cfg: DictConfig, point: Point) -> str:
-    """A point's knobs that differ from its strategy's defaults (infer.py's), and its models that differ from the
-    run's; "" where it runs the defaults."""
-    icfg = _infer_cfg(cfg, point)
-    knobs = STRATEGIES[point.strategy].config
-    changed = []
-    if knobs is not None:
-        ours, default = from_config(knobs, icfg), knobs()
-        keys = {f.name: f.metadata.get("key") or f.name for f in fields(knobs)}
-        changed = [f"{keys[k]}={getattr(ours, k)}" for k in vars(default) if getattr(ours, k) != getattr(default, k)]
-    if point.strategy == "mulosd" and icfg.r != 2:
-        changed.insert(0, f"r={icfg.r}")
-    changed += [f"models.{k}={v}" for k, v in icfg.models.items() if v != cfg.infer.models[k]]
-    return " ".join(changed + ["compile=true"] * point.compiled)
-
-
 def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
     """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults,
     and whether today's default is among them (named variants replace it: '+variants.default={}' adds it)."""
@@ -187,7 +128,7 @@ def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
         return "bench: no MuLo-SD point"
     today = "today's default"
     described = [f"{p.name} ({describe(cfg, p) or today})" for p in ours]
-    line = f"bench: MuLo-SD runs at r={sorted({_infer_cfg(cfg, p).r for p in ours})}: " + ", ".join(described)
+    line = f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}: " + ", ".join(described)
     if not any(d.endswith(f"({today})") for d in described):
         line += f"; {today} is not among them ('+variants.default={{}}' adds it)"
     return line
@@ -195,19 +136,11 @@ def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
 
 def _read_cells(path: Path) -> dict:
     """A half-finished run's cells, keyed by (point, start). A cut-off last line (a run killed while writing it)
-    is dropped from the file, so that its cell is measured again; a damaged line elsewhere is an error."""
-    done, lines = {}, path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        try:
-            cell = json.loads(line)
-        except json.JSONDecodeError:
-            if i < len(lines) - 1:
-                raise ConfigError("out_dir", f"{path} line {i + 1} is not a bench cell; "
-                                             "delete that line, or the file with resume=false") from None
-            log.warning(f"{path}: its last line is cut off; that cell is measured again")
-            path.write_text("".join(f"{kept}\n" for kept in lines[:-1]))
-            break
-        done[(cell["point"], cell["start"])] = cell
+    is dropped from the file, so that its cell is measured again."""
+    done, cut_off = parse_cells(path)
+    if cut_off:
+        log.warning(f"{path}: its last line is cut off; that cell is measured again")
+        path.write_text("".join(f"{line}\n" for line in path.read_text().splitlines()[:-1]))
     return done
 
 
@@ -231,7 +164,7 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
         starts = list(range(0, len(prompts), size))
         for start in [None, *starts]:  # None: the warm-up batch
             for point in points:
-                icfg = _infer_cfg(cfg, point)
+                icfg = point_config(cfg, point)
                 icfg.batch_size = size
                 key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
                 if key not in pipes:
@@ -276,13 +209,13 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
 
         reference_features = vgg_features(reference)  # once, not once per point
     rows, reported, timed_on = [], set(), set()
-    categories = [parse_caption(t).category for t in prompts]
+    kinds = categories(prompts)
     for p in tqdm(points, desc="judge" + (" + FD-VGG" if cfg.fd else ""), unit="method"):
         cells = [done[(p.name, s)] for s in range(0, len(prompts), cfg.batch_size)]
         timed_on |= {c.get("hardware", "hardware not recorded") for c in cells}
         images = [_image(out / "images" / p.name, i) for i in range(len(prompts))] if cfg.fd or cfg.metrics else None
         passed = [v for c in cells for v in c["passed"]]
-        score = {"passed": passed, "categories": categories, **category_rates(passed, categories)}
+        score = {"passed": passed, "categories": kinds, **category_rates(passed, kinds)}
         row = {"method": p.name, "strategy": p.strategy, **{key: dict(p.settings).get(key, "") for key in AXES},
                "variant": p.variant or "", "compiled": p.compiled,
                "wall_s": sum(c["wall_s"] for c in cells),
@@ -328,10 +261,11 @@ def _image(folder: Path, i: int) -> np.ndarray:
     return np.asarray(Image.open(path))
 
 
-def _judged(done: dict, path: Path, prompts: list[str]) -> dict:
-    """A resumed run's cells with today's judge's verdicts: a cell stored without them, or by an older judge, is
-    judged again on its images and cells.jsonl rewritten (atomically), so that the file alone can summarise it."""
-    stale = [key for key, c in done.items() if c.get("judge") != JUDGE_VERSION]
+def _judged(done: dict, path: Path, prompts: list[str], needed: dict) -> dict:
+    """A resumed run's cells with today's judge's verdicts: a cell this run needs that was stored without them, or
+    by an older judge, is judged again on its images and cells.jsonl rewritten (atomically), so that the file
+    alone can summarise the run."""
+    stale = [key for key, c in done.items() if key in needed and c.get("judge") != JUDGE_VERSION]
     if not stale:
         return done
     for point, start in tqdm(stale, desc=f"judging {len(stale)} cells by judge v{JUDGE_VERSION}", unit="cell"):

@@ -1,19 +1,31 @@
 """bench.py's schema: which strategies, over which knob values (each strategy's sweep axes in
-decoding/registry.py), on which prompts, and the infer config every point starts from. Imports no torch."""
+decoding/registry.py), on which prompts, and the infer config every point starts from; the grid of points it
+measures, what each point changes, and the cells a run stores. Imports no torch."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+import itertools
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from ..choices import RATIOS
-from ..decoding.knobs import knob
+from ..decoding.knobs import command_line_knobs, knob
 from ..decoding.registry import STRATEGIES
 from . import ConfigError, check_keys, one_of, require, with_overrides
-from .infer import InferConfig, validate_infer
+from .infer import KNOBS, InferConfig, validate_infer
+
+# infer keys that drive a run rather than say what a point decodes
+RUN_KEYS = {"device", "devices", "prompt", "prompts", "prompt_file", "seed", "batch_size", "decoding", "compare",
+            "compare_repeats", "threads", "out_dir", "size", "wandb", "wandb_project"}
+# infer keys read only by a strategy that drafts with this kind of model (registry.Strategy.drafts_with)
+DRAFT_KEYS = {"drafter": {"r", "upsampler", "stage", "sr", "models.drafter", "models.up", "models.down"},
+              "small": {"models.small"}}
 
 
 def swept(help: str, *values):
@@ -94,3 +106,83 @@ def validate_bench(cfg: DictConfig) -> None:
             validate_infer(with_overrides(cfg.infer, overrides))
         except ConfigError as e:
             raise ConfigError(f"variants.{name}.{e.key}", str(e).split(": ", 1)[1]) from None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured setting: a strategy, the values of its sweep axes (decoding/registry.py), a MuLo-SD variant
+    (a key of cfg.variants) and whether it runs compiled."""
+
+    strategy: str
+    settings: tuple[tuple[str, Any], ...] = ()  # (infer key, value) per swept axis
+    variant: str | None = None
+    compiled: bool = False  # infer.compile=true
+
+    @property
+    def name(self) -> str:
+        values = dict(self.settings)
+        parts = [self.strategy] + [axis.label.format(values[axis.key]) for axis in STRATEGIES[self.strategy].sweep
+                                   if axis.key in values]
+        return "_".join(parts + [self.variant] * bool(self.variant) + ["compiled"] * self.compiled)
+
+
+def grid(cfg: DictConfig) -> list[Point]:
+    """ar, then each strategy at every combination of its axes' values (an axis with no values is not swept);
+    MuLo-SD once per variant, where a variant that sets an axis's key is measured at that value only."""
+    points = [Point("ar")]
+    for name in cfg.strategies:
+        for v in (list(cfg.variants) or [None]) if name == "mulosd" else [None]:
+            own = cfg.variants[v] if v else {}
+            axes = [(a.key, [own[a.key]] if a.key in own else list(cfg[a.values])) for a in STRATEGIES[name].sweep]
+            axes = [(key, values) for key, values in axes if values]
+            points += [Point(name, tuple(zip([k for k, _ in axes], combo, strict=True)), v)
+                       for combo in itertools.product(*(values for _, values in axes))]
+    if cfg.compile:
+        points += [replace(p, compiled=True) for p in points]
+    return points
+
+
+def point_config(cfg: DictConfig, point: Point) -> DictConfig:
+    """The infer config a point decodes with: the run's, its variant's overrides, its axes' values."""
+    c = copy.deepcopy(cfg.infer)
+    c.seed, c.batch_size = cfg.seed, cfg.batch_size
+    c = with_overrides(c, cfg.variants[point.variant]) if point.variant else c
+    for key, value in point.settings:
+        c[key] = value
+    c.compile = c.compile or point.compiled
+    return c
+
+
+def describe(cfg: DictConfig, point: Point) -> str:
+    """What a point decodes with that differs from infer.py's defaults, as key=value ("" where nothing does): its
+    strategy's knobs, sampling, models and backbone; other strategies' knobs and the keys that drive a run (seed,
+    batch size, prompts, ...) are left out."""
+    strategy = STRATEGIES[point.strategy]
+    foreign = RUN_KEYS | (set(KNOBS) - set(command_line_knobs([strategy.config] if strategy.config else [])))
+    foreign = foreign.union(*(keys for kind, keys in DRAFT_KEYS.items() if kind != strategy.drafts_with))
+    default = _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
+    ours = _flat(OmegaConf.to_container(point_config(cfg, point)))
+    return " ".join(f"{k}={v}" for k, v in ours.items() if k not in foreign and v != default.get(k))
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
+def parse_cells(path: Path) -> tuple[dict, bool]:
+    """A bench run's RUN/cells.jsonl -> ({(point, start): cell}, whether its last line is cut off: a run killed
+    while writing it). A later line of the same cell wins; a damaged line elsewhere is a ConfigError."""
+    cells, lines = {}, path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        try:
+            cell = json.loads(line)
+        except json.JSONDecodeError:
+            if i < len(lines) - 1:
+                raise ConfigError("out_dir", f"{path} line {i + 1} is not a bench cell; "
+                                             "delete that line, or the file with resume=false") from None
+            return cells, True
+        cells[(cell["point"], cell["start"])] = cell
+    return cells, False

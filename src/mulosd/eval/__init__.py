@@ -4,11 +4,14 @@ from .geneval import (
     DEVELOPMENT_WORLDS,
     EVAL_SEED,
     REPORT_WORLD,
+    TUNING_WORLD,
+    categories,
+    category_rates,
     geneval_score,
     paired_difference,
     prompt_set,
     reference_renders,
 )
 
-__all__ = ["DEVELOPMENT_WORLDS", "EVAL_SEED", "REPORT_WORLD", "geneval_score", "paired_difference", "prompt_set",
-           "reference_renders"]
+__all__ = ["DEVELOPMENT_WORLDS", "EVAL_SEED", "REPORT_WORLD", "TUNING_WORLD", "categories", "category_rates",
+           "geneval_score", "paired_difference", "prompt_set", "reference_renders"]

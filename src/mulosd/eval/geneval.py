@@ -14,7 +14,8 @@ EVAL_SEED = 4242  # training shards use world seed 0
 # default prompt sets, the sampling tuner's, the AR report's second set and the judge audit's); every reported
 # number comes from the report world, which no choice has looked at. A report world that a choice later looks
 # at joins the development worlds, and the next report draws a new one.
-DEVELOPMENT_WORLDS = (EVAL_SEED, 777, 4343, 2718, 3141, 1618, 9091, 5381, 7919)
+TUNING_WORLD = 777  # the sampling tuner's prompts (reports/ar_tune.py) and the quick sweeps'
+DEVELOPMENT_WORLDS = (EVAL_SEED, TUNING_WORLD, 4343, 2718, 3141, 1618, 9091, 5381, 7919)
 REPORT_WORLD = 8128
 
 
@@ -39,6 +40,11 @@ def geneval_score(images: list[np.ndarray], captions: list[str]) -> dict:
         passed.append(judge(image, prompt).geneval)
         cats.append(prompt.category)
     return {"n": len(passed), "passed": passed, "categories": cats, **category_rates(passed, cats)}
+
+
+def categories(captions: list[str]) -> list[str]:
+    """Each caption's GenEval category (what paired_difference and category_rates group by)."""
+    return [parse_caption(c).category for c in captions]
 
 
 def category_rates(passed: list[bool], categories: list[str]) -> dict:

@@ -3,11 +3,11 @@
 
 Chooses an exported AR model's sampling defaults, per size: plain AR with every combination of guidance scale,
 guidance schedule, temperature and top-k on a tuning prompt set, one GenEval table per size and the best
-combination (ties go to the earlier one in the grid). The tuning set is a world seed of its own: the report's
-held-out set (the default --prompt-seed of mulosd.reports.ar) and the training seed are refused, so that the
-defaults are never chosen on the prompts they are reported on. With --write the picks go into the export's
-config.json as `sample_by_resolution` (which load_ar, infer.py and the reports read), with the set they were
-chosen on.
+combination (ties go to the earlier one in the grid). The tuning set is a world seed of its own: the AR report's
+set (the default --prompt-seed of mulosd.reports.ar), the held-out report world (mulosd.eval.REPORT_WORLD) and
+the training seed are refused, so that the defaults are never chosen on the prompts they are reported on.
+With --write the picks go into the export's config.json as `sample_by_resolution` (which load_ar, infer.py and
+the reports read), with the set they were chosen on.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import torch
 
 from ..choices import GUIDANCE_SCHEDULES
-from ..eval import EVAL_SEED, prompt_set
+from ..eval import EVAL_SEED, REPORT_WORLD, TUNING_WORLD, prompt_set
 from ..zoo import TOKENIZER, annotate, read_config, resolve
 from .ar import evaluate
 
@@ -29,7 +29,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="an exported AR directory or zoo name")
     ap.add_argument("--tokenizer", default=TOKENIZER)
-    ap.add_argument("--prompt-seed", type=int, default=777, help="world seed of the tuning prompt set")
+    ap.add_argument("--prompt-seed", type=int, default=TUNING_WORLD, help="world seed of the tuning prompt set")
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--batch", type=int, default=25)
     ap.add_argument("--cfg", type=float, nargs="+", default=[3.0, 5.0, 7.0, 10.0])
@@ -40,9 +40,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", help="only these of the model's sizes (px)")
     ap.add_argument("--write", action="store_true", help="record the picks in the export's config.json")
     args = ap.parse_args(argv)
-    if args.prompt_seed in (0, EVAL_SEED):
-        ap.error(f"--prompt-seed {args.prompt_seed} is the {'training' if args.prompt_seed == 0 else 'report'}"
-                 " prompt set: tune on another world seed")
+    refused = {0: "the training shards'", EVAL_SEED: "the AR report's", REPORT_WORLD: "the held-out report world's"}
+    if args.prompt_seed in refused:
+        ap.error(f"--prompt-seed {args.prompt_seed} is {refused[args.prompt_seed]} prompt set: tune on another "
+                 "world seed")
     if args.n < 1 or args.batch < 1 or min(args.cfg) < 0 or min(args.temperature) <= 0 or min(args.top_k) < 0:
         ap.error("--n and --batch must be >= 1, --cfg and --top-k >= 0, --temperature > 0")
     try:

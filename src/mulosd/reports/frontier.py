@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from ..data.synthscenes import parse_caption
-from ..eval.geneval import category_rates, paired_difference, prompt_set
+from ..config.bench import describe, grid, parse_cells, point_config
+from ..data.synthscenes.judge import VERSION as JUDGE_VERSION
+from ..eval import categories, category_rates, paired_difference, prompt_set
 from . import publish
 
 BOOTSTRAP = 2000  # resamples of the prompts for the speed-up's interval
@@ -33,35 +33,41 @@ Z95 = 1.96
 
 
 def read_run(run: Path) -> tuple:
-    """A bench run's config and its cells by point, each point's cells in prompt order."""
+    """A bench run's config and its cells by point ({start: cell}); a cut-off last line (a run still going, or
+    killed while writing) is left out."""
     for name in ("config.yaml", "cells.jsonl"):
         if not (run / name).is_file():
             raise FileNotFoundError(f"{run} is not a bench run: no {name} in it")
-    cfg = OmegaConf.load(run / "config.yaml")
     cells: dict[str, dict[int, dict]] = {}
-    for line in (run / "cells.jsonl").read_text().splitlines():
-        if line.strip():
-            c = json.loads(line)
-            cells.setdefault(c["point"], {})[c["start"]] = c
-    return cfg, cells
+    for (point, start), cell in parse_cells(run / "cells.jsonl")[0].items():
+        cells.setdefault(point, {})[start] = cell
+    return OmegaConf.load(run / "config.yaml"), cells
+
+
+def chain(cells: dict[int, dict]) -> list[dict]:
+    """A point's cells from the first prompt on, each starting where the one before ended, up to the first gap."""
+    out, n = [], 0
+    while n in cells:
+        out.append(cells[n])
+        n += cells[n]["n"]
+    return out
 
 
 def covered(cells: dict[int, dict]) -> int:
     """How many prompts from the first on a point's cells cover without a gap."""
-    n = 0
-    while n in cells:
-        n += cells[n]["n"]
-    return n
+    return sum(c["n"] for c in chain(cells))
 
 
 def verdicts(cells: dict[int, dict], n: int) -> list[bool]:
+    """The verdicts of a point's first n prompts, by today's judge."""
     out = []
-    for start in sorted(cells):
-        if start < n:
-            if "passed" not in cells[start]:
-                raise ValueError(f"cell {cells[start]['point']}@{start} has no verdicts: resume its run once with "
-                                 "today's bench, which judges the stored images of such cells")
-            out += cells[start]["passed"]
+    for c in chain(cells):
+        if c.get("judge") != JUDGE_VERSION:
+            raise ValueError(f"cell {c['point']}@{c['start']} was not judged by judge v{JUDGE_VERSION}: resume its "
+                             "run once with today's bench, which judges such cells again on their images")
+        out += c["passed"]
+    if len(out) < n:
+        raise ValueError(f"{len(out)} verdicts where {n} are needed")
     return out[:n]
 
 
@@ -79,39 +85,45 @@ def speed(cells: dict[str, dict[int, dict]], n: int, rng: np.random.Generator) -
 
 
 def frontier(speed_run: Path, quality_run: Path, seed: int = 0) -> dict:
-    """The joined table: a row per point measured in both runs, in the speed run's order."""
-    from ..bench import describe, grid
-
+    """The joined table: a row per point measured in both runs with the same settings, in the speed run's order."""
     scfg, scells = read_run(speed_run)
     qcfg, qcells = read_run(quality_run)
     if scfg.batch_size != 1:
         raise ValueError(f"{speed_run}: the speed run must be at batch 1 (it is at {scfg.batch_size})")
-    if scfg.prompt_seed != qcfg.prompt_seed:
-        raise ValueError(f"the runs draw different worlds: prompt_seed {scfg.prompt_seed} and {qcfg.prompt_seed}")
+    for key in ("prompt_seed", "seed"):
+        if scfg[key] != qcfg[key]:
+            raise ValueError(f"the runs decode different images: {key} {scfg[key]} and {qcfg[key]}")
     points = [p for p in grid(scfg) if p.name in qcells and p.name in scells]
+    for p in points:  # the same name must mean the same settings in both runs
+        ours, theirs = (OmegaConf.to_container(point_config(c, p)) for c in (scfg, qcfg))
+        if ours | {"batch_size": 0} != theirs | {"batch_size": 0}:
+            raise ValueError(f"{p.name} decodes with other settings in {quality_run} than in {speed_run}")
+    if not points or points[0].name != "ar":
+        raise ValueError("the runs share no measured `ar`, which every comparison is against")
     ns = min(covered(scells[p.name]) for p in points)
     nq = min(covered(qcells[p.name]) for p in points)
-    prompts = prompt_set(max(ns, nq), seed=scfg.prompt_seed)
-    categories = [parse_caption(t).category for t in prompts]
+    if not ns or not nq:
+        raise ValueError(f"no prompt that every point has: {ns} in the speed run, {nq} in the quality run")
+    kinds = categories(prompt_set(max(ns, nq), seed=scfg.prompt_seed))
     rng = np.random.default_rng(seed)
     fast = speed({p.name: scells[p.name] for p in points}, ns, rng)
     passed = {p.name: verdicts(qcells[p.name], nq) for p in points}
     shared = min(ns, nq)
     rows = []
     for p in points:
-        diff, se = paired_difference(passed[p.name], passed["ar"], categories[:nq])
+        diff, se = paired_difference(passed[p.name], passed["ar"], kinds[:nq])
         differ = sum(a != b for a, b in zip(verdicts(scells[p.name], shared), passed[p.name][:shared], strict=True))
         rows.append({"method": p.name, "strategy": p.strategy, "knobs": describe(scfg, p) or "defaults",
                      "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
                      "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
-                     "geneval": category_rates(passed[p.name], categories[:nq])["geneval"],
+                     "geneval": category_rates(passed[p.name], kinds[:nq])["geneval"],
                      "vs_ar": diff, "vs_ar_ci95": Z95 * se, "keeps_ar": diff + Z95 * se >= 0,
                      "verdicts_differ": differ})
     picks = rng.integers(0, ns, size=(BOOTSTRAP, ns))
     for a in rows:
-        a["behind"] = [b["method"] for b in rows if b is not a and _ahead(b, a, fast, passed, categories[:nq], picks)]
+        a["behind"] = [b["method"] for b in rows if b is not a and _ahead(b, a, fast, passed, kinds[:nq], picks)]
     return {"rows": rows, "n_speed": ns, "n_quality": nq, "n_quality_target": qcfg.n_prompts, "shared": shared,
-            "world": scfg.prompt_seed, "speed_cells": scells, "timed_on": _timed_on(scells)}
+            "world": scfg.prompt_seed, "timed_on": _timed_on(scells)}
 
 
 def _ahead(a: dict, b: dict, fast: dict, passed: dict, categories: list[str], picks: np.ndarray) -> bool:
@@ -150,9 +162,11 @@ def report(f: dict) -> tuple[str, str]:
              + (f" of the run's {f['n_quality_target']} (unfinished)" if f["n_quality"] < f["n_quality_target"]
                 else "")
              + f", paired against `ar` (95%). Verdicts that differ between the two runs on their {f['shared']} "
-             f"shared prompts: {sum(r['verdicts_differ'] for r in rows)} of {f['shared'] * len(rows)}.", "",
+             f"shared prompts: {sum(r['verdicts_differ'] for r in rows)} of {f['shared'] * len(rows)}. The last "
+             f"column tests every pair ({len(rows) * (len(rows) - 1)} tests at 95% each, uncorrected): expect a "
+             "claim or two by chance among many points.", "",
              "| method | knobs | speed-up (95%) | steps | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
-             "behind, beyond both intervals |",
+             "behind (ahead of it beyond both intervals) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -r["speedup"]):
         lines.append(f"| {r['method']} | {r['knobs']} | {r['speedup']:.2f}x ({r['speedup_lo']:.2f}-"
