@@ -1,6 +1,6 @@
 """The conditions a timing runs under: torch's CPU threads, chosen deliberately, and whether other work shares the
 cores. On a machine running more than its cores, torch's threads wait on each other and timings of the same
-decode can differ several-fold (docs/results.md); a ratio measured interleaved still holds better than either
+decode can differ several-fold (docs/log.md); a ratio measured interleaved still holds better than either
 time, but neither is a measurement of the method alone."""
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def compiled_step(model: Transformer, cfg_scale: float):
             compiled = torch.compile(step, dynamic=False, mode="reduce-overhead")
         else:
             # cpp_wrapper: the graph's kernels are called from generated C++, not one Python call each (what a
-            # one-token step still spends beyond its kernels: docs/results.md)
+            # one-token step still spends beyond its kernels: docs/log.md)
             compiled = torch.compile(step, dynamic=False, options={"cpp_wrapper": True})
         _COMPILED[key] = (model, compiled)
     return _COMPILED[key][1]

@@ -3,7 +3,7 @@
 A one-token step of the zoo's verifier computes some 14 MFLOP and must read its 12 MB of weights: bound by
 memory, not arithmetic. Compiled by inductor it still spends most of its time in library matrix products on
 2-row inputs, which read the weights at a fraction of the bandwidth a plain streaming loop gets, and in one
-call per operator (docs/results.md). The C step reads each weight matrix once for all the step's input vectors
+call per operator (docs/log.md). The C step reads each weight matrix once for all the step's input vectors
 and does the rest of the layer in the same pass.
 
 The library is built on first use with the machine's C compiler for the machine's own instruction set
@@ -38,7 +38,7 @@ SOURCE = Path(__file__).with_name("fused_step.c")
 # no fast-math: the vector loops are written out (fused_step.c), and the draw must round as the library does
 FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]
 # The C step streams the weights once per step but multiplies on one thread, so it wins while a step has few
-# input vectors (rows x tokens) and the library's two-thread matrix products win beyond (docs/results.md):
+# input vectors (rows x tokens) and the library's two-thread matrix products win beyond (docs/log.md):
 MAX_TOKENS = 4  # per row: wider writes (verification of long drafts) go to the inductor graph
 MAX_INPUTS = 16  # rows x tokens, guidance's null rows included: larger batches go to the inductor graph
 _LIB: ctypes.CDLL | None | bool = None  # False: the build failed once in this process

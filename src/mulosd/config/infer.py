@@ -70,7 +70,7 @@ class InferOptions:
                                 "decode, which bench.py and compare=true leave out of their timings")
     devices: int = knob(1, "> 1: the prompts decoded across this many processes (DDP: gloo on cpu, NCCL on cuda)")
     prompt: str | None = knob("a striped ring on a photographic yellow background",
-                              "the prompt (chosen by scripts/demo_prompt.py: docs/results.md)")
+                              "the prompt (chosen by scripts/demo_prompt.py: docs/log.md)")
     prompts: list[str] = field(default_factory=list, metadata={"help": "used instead of `prompt` when given"})
     prompt_file: str | None = knob(None, "one caption per line; used instead of both when given")
     seed: int = knob(0, "image i of a run is decoded with the noise keyed by (seed, i)")

@@ -101,10 +101,10 @@ class PJDConfig:
 
 @dataclass(frozen=True)
 class MuLoSDConfig:
-    """MuLo-SD. The defaults are the bench's choices at r=2, each measured in docs/results.md: tau 0.5 with
-    acceptance=ratio is the fastest setting whose GenEval interval against ar stays inside the quality target, and
-    expanded=reverify radius=2 draft_rows=8 beat the paper's expansion (expanded=resample radius=1 draft_rows=4)
-    in speed and in GenEval on the paired 2000 prompts."""
+    """MuLo-SD. The defaults are the bench's choices at r=2, each measured on a development world (docs/log.md):
+    tau 0.5 with acceptance=ratio is the fastest setting whose GenEval interval against ar stays inside the quality
+    target, and expanded=reverify radius=2 draft_rows=8 beat the paper's expansion (expanded=resample radius=1
+    draft_rows=4) in speed and in GenEval on the paired 2000 prompts."""
 
     tau: float = knob(0.5, "the acceptance threshold on the pooled mass (> 1 rejects every draft)")
     pool_k: int = knob(64, "codes pooled with each draft token, its nearest in the codebook (64 of 1024)")

@@ -178,7 +178,7 @@ class _MuLoSD:
         self.B, self.G, self.g, self.r = B, G, g, G // g
         self.seed, self.warpers, self.accept = seed, warpers, accept
         # the drafter proposes and only the verifier's test decides what stays, so it may draw colder than the
-        # verifier samples (what that buys and costs: docs/results.md)
+        # verifier samples (what that buys and costs: docs/log.md)
         self.draft_warpers = draft_warpers(warpers, cfg)
         self.sampled = cfg.acceptance in ("sampled", "ratio") and accept is None  # a draw, not a threshold
         device = self.device = verifier.device

@@ -70,7 +70,7 @@ from .samplers import sampler_name
 TAUS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 RADII = (0, 1, 2)
 FORCED = (0.7, 0.84, 0.9, 0.95, 0.98, 1.0)  # about real decoding's raw rate, and the best up-sampler's (the ladder)
-PEER_WINDOW = 3  # the fastest peer setting within 0.02 GenEval of `ar` on the bench (docs/results.md)
+PEER_WINDOW = 3  # the fastest peer setting within 0.02 GenEval of `ar` on the bench (docs/log.md)
 TARGET = 1.2  # the bar: MuLo-SD at least this much faster than that peer
 
 
