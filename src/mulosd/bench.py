@@ -57,8 +57,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         done = _read_cells(cells_path)
         needed = {(p.name, s): len(prompts[s:s + cfg.batch_size]) for p in points
                   for s in range(0, len(prompts), cfg.batch_size)}
+        names = {p.name for p in points}
         for key, cell in done.items():  # a cell of another batching would pair verdicts with the wrong prompts
-            if key[0] in {p.name for p in points} and needed.get(key) != cell["n"]:
+            if key[0] in names and needed.get(key) != cell["n"]:
                 raise ConfigError("batch_size", f"{cells_path} holds cells of another batch size ({key[0]}: "
                                                 f"{cell['n']} prompts from {key[1]}); resume with that batch_size, "
                                                 "or give a new out_dir")
@@ -120,17 +121,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     return summarise(cfg, out, prompts, points, done)
 
 
+TODAY = "today's default"
+
+
 def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
     """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults,
     and whether today's default is among them (named variants replace it: '+variants.default={}' adds it)."""
     ours = [p for p in points if p.strategy == "mulosd" and not p.compiled]
     if not ours:
         return "bench: no MuLo-SD point"
-    today = "today's default"
-    described = [f"{p.name} ({describe(cfg, p) or today})" for p in ours]
-    line = f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}: " + ", ".join(described)
-    if not any(d.endswith(f"({today})") for d in described):
-        line += f"; {today} is not among them ('+variants.default={{}}' adds it)"
+    changes = {p.name: describe(cfg, p) for p in ours}  # "": today's default
+    line = (f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}: "
+            + ", ".join(f"{name} ({change or TODAY})" for name, change in changes.items()))
+    if all(changes.values()):
+        line += f"; {TODAY} is not among them ('+variants.default={{}}' adds it)"
     return line
 
 
