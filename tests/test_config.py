@@ -93,7 +93,7 @@ def test_infer_config_composes():
                                            # the strategies' own checks (decoding/knobs.py), named by infer key
                                            ("lantern_k=-1", "lantern_k"), ("lantern_delta=2", "lantern_delta"),
                                            ("window=0", "window"), ("resample=magic", "resample"),
-                                           ("gamma=0", "gamma"), ("kv_refresh=later", "kv_refresh"),
+                                           ("gamma=0", "gamma"), ("draft=later", "draft"),
                                            ("relative=true", "relative")])
 def test_infer_out_of_range_values_are_named(override, key):
     with pytest.raises(ConfigError) as e:

@@ -58,11 +58,11 @@ def _mulosd(cfg, captions=CAPTIONS, up=None, **kw):
                          captions, nb, cfg, seed=5, rounds=True, **kw)
 
 
-@pytest.mark.parametrize("resample,refresh", [("serial", "round"), ("parallel", "round"), ("serial", "none")])
-def test_everything_rejected_reproduces_plain_ar(resample, refresh):
+@pytest.mark.parametrize("resample", ["serial", "parallel"])
+def test_everything_rejected_reproduces_plain_ar(resample):
     verifier, _, enc, *_ = MODELS
     want, _ = decode_ar(ARBackbone(verifier, enc, 2.0), CAPTIONS, seed=5)
-    got, trace = _mulosd(knobs(tau=1.5, resample=resample, kv_refresh=refresh))
+    got, trace = _mulosd(knobs(tau=1.5, resample=resample))
     assert torch.equal(got, want)
     assert trace.counts["accepted"] == 0 and trace.counts["resampled"] == 3 * 64
 
@@ -514,7 +514,7 @@ def test_reverify_keeps_the_drafts_that_pass_again_and_resolves_a_run_of_them_in
     passing re-tests: (0,2)..(0,5) one by one, then one forward asks (0,6), (1,0) and (1,1) (whose unfinished
     predecessors are drafts that may stand): both drafts stand, so (1,1) is sampled in that same forward;
     then (1,2)..(1,5) and (1,6): 10 forwards."""
-    cfg = knobs(radius=1, resample="parallel", kv_refresh="none")
+    cfg = knobs(radius=1, resample="parallel")
     paper_img, paper = _mulosd(cfg, accept=_retests(True))
     got, trace = _mulosd(replace(cfg, expanded="reverify"), accept=_retests(True))
     assert paper.forwards["verifier"] == 1 + 4 * (1 + 12) and trace.forwards["verifier"] == 1 + 4 * (1 + 10)
@@ -602,56 +602,6 @@ def test_zipar_within_one_whole_image_island_is_zipar(window):
     assert torch.equal(got, want)
     assert trace.counts["provisional_kv"] == 3 * zipar.counts["provisional_kv"]  # ours counts the whole batch
     assert trace.forwards["verifier"] == zipar.forwards["verifier"] + 1  # + the verification forward
-
-
-@pytest.mark.parametrize("resample", ["parallel", "zipar"])
-def test_rejected_drafts_leave_no_trace_with_eager_kv_refresh(resample):
-    """Same accepted drafts, different tokens at the rejected positions. With the eager refresh nothing depends
-    on the rejected tokens, not even the K/V of accepted positions after t0 (computed in the verification
-    forward with those drafts in view, rewritten before any query reads them); keeping them until the next
-    round's verification (`round`) lets the rejected drafts reach the queries through them."""
-    verifier_model, drafter_model, enc, u, d, nb = MODELS
-
-    def other_rejected_drafts(low):
-        out = u.up(low).clone()
-        out[:, -2:, 1:6] = (out[:, -2:, 1:6] + 7) % V  # exactly where _reject_a_rectangle rejects
-        return out
-
-    def decode(up, refresh):
-        verifier = ARBackbone(verifier_model, enc, 2.0)
-        image, trace = decode_mulosd(verifier, ARBackbone(drafter_model, enc, 2.0), up, d.down, CAPTIONS, nb,
-                                     knobs(radius=0, resample=resample, kv_refresh=refresh), seed=5,
-                                     accept=_reject_a_rectangle)
-        # layer 1 keys of the last block's accepted (6,6) (6,7) (7,0): final context before (7,1) was queried
-        slots = verifier_model.cfg.prefix + torch.tensor([6 * 8 + 6, 6 * 8 + 7, 7 * 8])
-        return image, trace, verifier.cache.k[1][:, :, slots]
-
-    eager, trace, keys = decode(u.up, "eager")
-    _, _, other_keys = decode(other_rejected_drafts, "eager")
-    assert torch.equal(other_keys, keys)
-    assert trace.counts["refreshed"] > 3 * 3 * 8 * 2  # the next rounds' rewrites, and the eager ones on top
-    _, _, stale_keys = decode(u.up, "round")
-    _, _, other_stale_keys = decode(other_rejected_drafts, "round")
-    assert not torch.allclose(stale_keys, other_stale_keys)
-
-
-def test_kv_refresh_none_writes_only_what_the_previous_round_left_unwritten():
-    """`round` rewrites the whole committed previous block in the verification forward; `none` writes only the
-    positions the previous round sampled last (and the block's last position, whose output is the next block's
-    first distribution), padded per image, so an image still decodes the same alone and in a batch."""
-    one_island = {"radius": 0, "resample": "parallel", "draft_rows": 1}
-    _, full = _mulosd(knobs(kv_refresh="round", **one_island), accept=_reject_a_rectangle)
-    _, lean = _mulosd(knobs(kv_refresh="none", **one_island), accept=_reject_a_rectangle)
-    # 4 rounds of 2 x 8; from the second on, round writes 16 + 15 tokens, none 1 (the island's last sample,
-    # (1,5)) + 1 + 15, for 3 images
-    assert full.tokens_in["verifier"] - lean.tokens_in["verifier"] == 3 * 3 * (31 - 17)
-    assert full.forwards == lean.forwards and lean.counts["refreshed"] == 0
-    cfg = knobs(tau=0.3, acceptance="sampled", resample="zipar", kv_refresh="none", draft_rows=2)
-    batch, trace = _mulosd(cfg)
-    assert 0 < trace.counts["resampled"] < trace.counts["drafted"]
-    for i, c in enumerate(CAPTIONS):
-        alone, _ = _mulosd(cfg, captions=[c], image_ids=torch.tensor([i]))
-        assert torch.equal(alone[0], batch[i])
 
 
 @pytest.mark.slow

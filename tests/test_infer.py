@@ -182,15 +182,15 @@ def test_draft_cfg_scale_guides_the_drafter_only(tiny_zoo):
     def first_draft(*extra):
         cfg = compose_config("infer", base + list(extra))
         m = Pipeline.from_config(cfg, {"mulosd"})
-        assert m.drafter.cfg.grid == 8 and m.cfg_scale != 9.0  # one round holds the whole low-res grid
+        assert m.drafter.net.cfg.grid == 8 and m.verifier.cfg_scale != 9.0  # one round holds the whole low-res grid
         return m, m.decode("mulosd", cfg, captions, ids, rounds=True)[1].rounds[0].low_draft.view(2, 8, 8)
 
     m, guided = first_draft("draft_cfg_scale=9.0")
     greedy = Warpers(temperature=0)
-    want = decode_ar(ARBackbone(m.drafter, m.drafter_encoder, 9.0), captions, warpers=greedy, image_ids=ids)[0]
+    want = decode_ar(ARBackbone(m.drafter.net, m.drafter.encoder, 9.0), captions, warpers=greedy, image_ids=ids)[0]
     assert torch.equal(guided, want)
     plain = first_draft()[1]
-    assert torch.equal(plain, decode_ar(ARBackbone(m.drafter, m.drafter_encoder, m.cfg_scale), captions,
+    assert torch.equal(plain, decode_ar(ARBackbone(m.drafter.net, m.drafter.encoder, m.verifier.cfg_scale), captions,
                                         warpers=greedy, image_ids=ids)[0])
     assert not torch.equal(guided, plain)
 
@@ -205,9 +205,9 @@ def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
     cfg = compose_config("infer", [f"models.{k}={tiny_zoo / v}" for k, v in (m.split("=") for m in models)]
                          + ["tau=0.05", "prompt=two crosses"])
     m = Pipeline.from_config(cfg, {"mulosd"})
-    assert m.verifier.cfg.grid == 16 and m.drafter.cfg.grid == 8
+    assert m.grid == 16 and m.drafter.net.cfg.grid == 8
     if drafter is None:
-        assert m.drafter.head.weight is m.verifier.head.weight and m.drafter_encoder is m.encoder
+        assert m.drafter.net.head.weight is m.verifier.net.head.weight and m.drafter.encoder is m.verifier.encoder
     tokens, trace = m.decode("mulosd", cfg, ["two crosses"], torch.arange(1), rounds=True)
     assert tokens.shape == (1, 16, 16) and trace.rounds
     low, _, meta = load_ar(tiny_zoo / "multi", resolution=64)
@@ -234,7 +234,7 @@ def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zo
     models = [f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tmp_path / 'multi'}",
               f"models.up={tiny_zoo / 'up'}", f"models.down={tiny_zoo / 'down'}"]
     pipe = Pipeline.from_config(compose_config("infer", models), {"mulosd"})
-    assert pipe.drafter_cfg_scale == 7.0 and pipe.cfg_scale == config["sample"]["cfg_scale"]
+    assert pipe.drafter.cfg_scale == 7.0 and pipe.verifier.cfg_scale == config["sample"]["cfg_scale"]
     # guidance schedules the same way: per size where recorded (none at 128 px: an export from before schedules
     # guides at a constant scale), the command line's for every model
     assert pipe.backbone("verifier").cfg_schedule == "constant" and pipe.backbone("drafter").cfg_schedule == "linear"

@@ -56,3 +56,15 @@ def test_every_module_imports_on_its_own():
     for info in pkgutil.walk_packages(mulosd.__path__, "mulosd."):
         if not info.name.endswith("__main__"):
             importlib.import_module(info.name)
+
+
+# the decoders are the part read most against the papers: no function there longer than a screen
+DECODING_MAX_LINES = 60
+
+
+@pytest.mark.parametrize("path", sorted((SRC / "decoding").glob("*.py")), ids=lambda p: p.name)
+def test_no_decoding_function_is_longer_than_a_screen(path):
+    long = [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno - node.lineno + 1 > DECODING_MAX_LINES]
+    assert not long, f"{path.name}: {', '.join(long)}"

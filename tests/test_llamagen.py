@@ -350,4 +350,4 @@ def test_greedy_sampling_with_a_released_backbone_warns(llamagen_dir, monkeypatc
     with caplog.at_level("WARNING", logger=pipeline.__name__):
         pipe = Pipeline.from_config(cfg, {"ar"})
     assert "greedy" in caplog.text
-    assert pipe.cfg_scale == 1.0  # guidance only above 1, as upstream applies it
+    assert pipe.verifier.cfg_scale == 1.0  # guidance only above 1, as upstream applies it

@@ -127,7 +127,7 @@ TODAY = "today's default"
 def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
     """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults,
     and whether today's default is among them (named variants replace it: '+variants.default={}' adds it)."""
-    ours = [p for p in points if p.strategy == "mulosd" and not p.compiled]
+    ours = [p for p in points if STRATEGIES[p.strategy].variants and not p.compiled]
     if not ours:
         return "bench: no MuLo-SD point"
     changes = {p.name: describe(cfg, p) for p in ours}  # "": today's default
@@ -369,7 +369,7 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     for ax, (key, label) in zip(axes[0], metrics, strict=True):
         curves: dict[str, list] = {}
         for r in rows:
-            curve = (r["strategy"] if r["strategy"] != "mulosd" else
+            curve = (r["strategy"] if not STRATEGIES[r["strategy"]].variants else
                      f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
             curves.setdefault(curve + " compiled" * r["compiled"], []).append(r)
         if key == "geneval":  # ar's level, and each point's paired 95% interval against ar around it
@@ -397,8 +397,8 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
 
 def _last_line(rows: list[dict], ar: dict) -> str:
     near = [r for r in rows if r["geneval"] >= ar["geneval"] - EQUAL_QUALITY]
-    ours = [r for r in rows if r["strategy"] == "mulosd" and r["r"] == 2]
-    peers = [r for r in near if r["strategy"] not in ("ar", "mulosd")]
+    ours = [r for r in rows if STRATEGIES[r["strategy"]].variants and r["r"] == 2]  # the method under study
+    peers = [r for r in near if r["strategy"] != "ar" and not STRATEGIES[r["strategy"]].variants]
     peer = max(peers, key=lambda r: r["speedup"]) if peers else None
     pick = max([r for r in ours if r in near] or ours, key=lambda r: r["speedup"]) if ours else None
     mulosd = (f"speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f}" if pick else

@@ -47,12 +47,12 @@ def decode_all(pipe: Pipeline, strategy: str, cfg: DictConfig, texts: list[str])
     """All prompts in batches -> (uint8 images, traces), with a progress bar."""
     images, traces = [], []
     batches = range(0, len(texts), cfg.batch_size)
-    units = STRATEGIES[strategy].units(cfg, pipe.verifier.cfg.grid)
+    units = STRATEGIES[strategy].units(cfg, pipe.grid)
     with tqdm(total=len(batches) * units, desc=strategy, unit="step", leave=False) as bar:
         for start in batches:
             chunk = texts[start:start + cfg.batch_size]
             tokens, trace = pipe.decode(strategy, cfg, chunk, torch.arange(start, start + len(chunk)), progress=bar,
-                                        rounds=strategy == "mulosd")  # its acceptance maps
+                                        rounds=STRATEGIES[strategy].rounds)  # its acceptance maps
             t = time.perf_counter()
             images += pipe.images(tokens)
             trace.stages["vq_decode"] = time.perf_counter() - t
@@ -137,11 +137,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         log.info(f"[{i}] {text!r} -> {path}" + (f"  judge: {_verdict_text(v)}" if v else ""))
     grid_path = out_dir / "grid.png"
     captioned_grid(images, _marked(texts, verdicts), cols=min(4, len(images))).save(grid_path)
-    if cfg.decoding == "mulosd":
+    if STRATEGIES[cfg.decoding].rounds:
         for b, trace in enumerate(traces):
             batch_images = images[b * cfg.batch_size:(b + 1) * cfg.batch_size]
             path = out_dir / f"acceptance_{b:03d}.png"
-            acceptance_maps(batch_images, trace.rounds, pipe.verifier.cfg.grid).save(path)
+            acceptance_maps(batch_images, trace.rounds, pipe.grid).save(path)
             log.info(f"acceptance maps (one row per image; round 1, 2, ... then the result) -> {path}")
     wall = sum(t.wall_s for t in traces)
     for t in traces:

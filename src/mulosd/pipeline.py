@@ -1,19 +1,20 @@
 """A run's models and the one way prompts become images.
 
-    pipe = Pipeline.from_config(cfg, {"mulosd", "ar"})     # infer.py's config (conf/infer.yaml)
-    tokens, trace = pipe.decode("mulosd", cfg, captions, image_ids)   # rounds=True: per-round masks too
-    images = pipe.images(tokens)                              # uint8 [H, W, 3] each
+    pipe = Pipeline.from_config(cfg, {cfg.decoding, "ar"})       # infer.py's config (conf/infer.yaml)
+    tokens, trace = pipe.decode(cfg.decoding, cfg, captions, image_ids)   # rounds=True: per-round masks too
+    images = pipe.images(tokens)                                     # uint8 [H, W, 3] each
 
-`Pipeline.from_config` loads the models the requested strategies need, once, and checks them against one
-tokenizer: a missing model, one trained on another tokenizer's codes, or a drafter whose grid is not the
-verifier's / r is a one-line ConfigError naming the config key, before any decoding; `sampling` resolves how
-the verifier samples. Which strategies exist, and how each decodes, is decoding/registry.py's STRATEGIES.
+`Pipeline.from_config` loads what the requested strategies declare they need (decoding/registry.py: the model
+each drafts with, a codebook-neighbour table), once, and checks it against one tokenizer: a missing model, one
+trained on another tokenizer's codes, or a drafter whose grid is not the verifier's / r is a one-line ConfigError
+naming the config key, before any decoding; `sampling` resolves how the verifier samples.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,8 +22,7 @@ from omegaconf import DictConfig
 
 from .ar import ARBackbone, Warpers
 from .config import ConfigError
-from .decoding.knobs import MuLoSDConfig, from_config
-from .decoding.registry import STRATEGIES
+from .decoding.registry import STRATEGIES, Strategy
 from .tokenizer import tokens_to_images
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def sampling(cfg: DictConfig, recorded: dict) -> tuple[float, str, Warpers]:
     Each of cfg_scale, cfg_schedule, temperature, top_k and top_p is the command line's where set (not null),
     else what the verifier's export records (`recorded`: its training config's `sample`; upstream's defaults for
     LlamaGen and Tar); a schedule recorded by neither is constant. MuLo-SD's drafter guides at draft_cfg_scale
-    where set, else at the scale its export records for its size, else at the verifier's (`drafter_backbone`)."""
+    where set, else at the scale its export records for its size, else at the verifier's (`Pipeline.backbone`)."""
     def pick(key):
         return recorded.get(key) if cfg[key] is None else cfg[key]
 
@@ -49,24 +49,36 @@ def sampling(cfg: DictConfig, recorded: dict) -> tuple[float, str, Warpers]:
     return pick("cfg_scale"), pick("cfg_schedule") or "constant", warpers
 
 
-class Pipeline:
-    """The models of a run. Every attribute is always set; the ones a strategy set does not need are None."""
+@dataclass
+class Model:
+    """One autoregressive model of a pipeline: the transformer, its conditioning encoder, and the guidance it samples
+    with where its export records its own (None: the verifier's)."""
 
-    def __init__(self, tokenizer, verifier, encoder, cfg_scale: float, warpers: Warpers, *, neighbours=None,
-                 drafter=None, drafter_encoder=None, up: Callable | None = None, down: Callable | None = None,
-                 small=None, small_encoder=None, conditioner=None, drafter_cfg_scale: float | None = None,
-                 cfg_schedule: str = "constant", drafter_cfg_schedule: str | None = None):
-        self.tokenizer, self.verifier, self.encoder = tokenizer, verifier, encoder
-        # conditioning computed once per batch before decoding (Tar's LLM and TA-Tok): `prepare(captions, seed,
-        # image_ids)`, and `seconds` per stage of the last batch
+    net: torch.nn.Module  # ar.Transformer, or an upstream's (llamagen/, tar/) with its interface
+    encoder: torch.nn.Module
+    cfg_scale: float | None = None
+    cfg_schedule: str | None = None
+
+
+class Pipeline:
+    """The components of a run, declared as a diffusers pipeline declares them: the tokenizer and the verifier always;
+    the models, samplers and tables the requested strategies need (registry.Strategy: `drafts_with`, `neighbours`),
+    None where none does; `conditioner`: conditioning computed once per batch before decoding (Tar's LLM and
+    TA-Tok: `prepare(captions, seed, image_ids)`, and `seconds` per stage of the last batch)."""
+
+    def __init__(self, tokenizer, verifier: Model, warpers: Warpers, *, drafter: Model | None = None,
+                 up: Callable | None = None, down: Callable | None = None, small: Model | None = None,
+                 neighbours: torch.Tensor | None = None, conditioner=None):
+        self.tokenizer, self.verifier, self.warpers = tokenizer, verifier, warpers
+        self.drafter, self.up, self.down = drafter, up, down  # MuLo-SD's low-res drafter M_q; U_r and D_r on tokens
+        self.small = small  # a same-resolution drafter (sd, lantern)
+        self.neighbours = neighbours  # each code's nearest codes in the codebook, nearest first
         self.conditioner = conditioner
-        self.cfg_scale, self.warpers, self.neighbours = cfg_scale, warpers, neighbours
-        self.cfg_schedule = cfg_schedule  # how the guidance scale runs along the raster
-        self.drafter_cfg_schedule = drafter_cfg_schedule  # the drafter's recorded schedule (None: the verifier's)
-        self.drafter, self.drafter_encoder = drafter, drafter_encoder  # MuLo-SD's low-res drafter M_q
-        self.drafter_cfg_scale = drafter_cfg_scale  # its recorded guidance (None: the verifier's)
-        self.up, self.down = up, down  # U_r and D_r as token -> token callables
-        self.small, self.small_encoder = small, small_encoder  # sd / lantern's same-resolution drafter
+
+    @property
+    def grid(self) -> int:
+        """The verifier's token grid side."""
+        return self.verifier.net.cfg.grid
 
     @classmethod
     def from_config(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
@@ -74,83 +86,76 @@ class Pipeline:
         if unknown:
             raise ConfigError("decoding", f"{', '.join(sorted(unknown))} is not one of {', '.join(STRATEGIES)}")
         constructors = {"synthscenes": cls.synthscenes, "llamagen_t2i": cls.llamagen, "tar": cls.tar}
-        return constructors[cfg.backbone](cfg, set(strategies))
+        return constructors[cfg.backbone](cfg, [STRATEGIES[s] for s in strategies])
 
     @classmethod
-    def synthscenes(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+    def synthscenes(cls, cfg: DictConfig, strategies: list[Strategy]) -> Pipeline:
         """The SynthScenes zoo (or exported runs given by path in `models.*`)."""
-        from .tokenizer.neighbours import cached_neighbour_table
         from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer, sample_at
 
         m, r = cfg.models, cfg.r
         tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer, device=cfg.device)
-        verifier, encoder, meta = _load("models.verifier", load_ar, m.verifier, device=cfg.device)
+        net, encoder, meta = _load("models.verifier", load_ar, m.verifier, device=cfg.device)
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
         cfg_scale, schedule, warpers = sampling(cfg, meta["sample"])
-        extra = {"cfg_schedule": schedule}
-        if strategies & {"mulosd", "lantern"}:
-            k = max(cfg.pool_k, cfg.lantern_k, 1)
-            codes = tokenizer.codebook_size
-            if k >= codes:
-                raise ConfigError("pool_k" if cfg.pool_k >= cfg.lantern_k else "lantern_k",
-                                  f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
-            extra["neighbours"] = cached_neighbour_table(tokenizer.codebook(), k).to(cfg.device)
-        if "mulosd" in strategies:
+        parts = {"neighbours": _neighbours(cfg, tokenizer, strategies)}
+        drafts_with = {s.drafts_with for s in strategies}
+        if "drafter" in drafts_with:
             low = meta["resolution"] // r
             if m.drafter is None and low in (meta.get("resolutions") or []):
                 # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache,
-                # and the guidance the export records for that size, if it records one
-                drafter, drafter_encoder = verifier.at_grid(verifier.cfg.grid // r), encoder
-                extra["drafter_cfg_scale"] = sample_at(meta, low).get("cfg_scale")
-                if cfg.cfg_schedule is None:  # the command line's schedule is every model's
-                    extra["drafter_cfg_schedule"] = sample_at(meta, low).get("cfg_schedule")
+                # and the guidance the export records for that size, if it records one (the command line's
+                # schedule is every model's)
+                recorded = sample_at(meta, low)
+                drafter = Model(net.at_grid(net.cfg.grid // r), encoder, recorded.get("cfg_scale"),
+                                None if cfg.cfg_schedule is not None else recorded.get("cfg_schedule"))
             else:
                 name = m.drafter or f"synthscenes_ar_{low}"
-                drafter, drafter_encoder, dmeta = _load("models.drafter", load_ar, name, device=cfg.device)
+                dnet, dencoder, dmeta = _load("models.drafter", load_ar, name, device=cfg.device)
                 _load("models.drafter", check_same_tokenizer, dmeta, m.tokenizer, f"drafter {name!r}")
                 if low in (dmeta.get("resolutions") or []):  # a multi-resolution drafter, at the low grid
-                    drafter = drafter.at_grid(verifier.cfg.grid // r)
-            if verifier.cfg.grid != r * drafter.cfg.grid:
-                raise ConfigError("r", f"verifier grid {verifier.cfg.grid} is not r={r} x the drafter grid "
-                                       f"{drafter.cfg.grid}")
+                    dnet = dnet.at_grid(net.cfg.grid // r)
+                drafter = Model(dnet, dencoder)
+            if net.cfg.grid != r * drafter.net.cfg.grid:
+                raise ConfigError("r", f"verifier grid {net.cfg.grid} is not r={r} x the drafter grid "
+                                       f"{drafter.net.cfg.grid}")
             up = m.up or f"synthscenes_up{r}_{cfg.stage}"
-            extra |= {"drafter": drafter, "drafter_encoder": drafter_encoder,
-                      "up": _upsampler(cfg, tokenizer, up, tokenizer, device=cfg.device),
+            parts |= {"drafter": drafter, "up": _upsampler(cfg, tokenizer, up, tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer,
                                     device=cfg.device)[0].down}
-        if strategies & {"sd", "lantern"}:
+        if "small" in drafts_with:
             small, small_encoder, smeta = _load("models.small", load_ar, m.small, device=cfg.device)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
-            extra |= {"small": small, "small_encoder": small_encoder}
-        return cls(tokenizer, verifier, encoder, cfg_scale, warpers, **extra)
+            parts["small"] = Model(small, small_encoder)
+        return cls(tokenizer, Model(net, encoder, cfg_scale, schedule), warpers, **parts)
 
     @classmethod
-    def llamagen(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+    def llamagen(cls, cfg: DictConfig, strategies: list[Strategy]) -> Pipeline:
         """LlamaGen-XL T2I: stage 2 (512 px) verifies, stage 1 (256 px) drafts; the samplers are given by path
         (trained with tokenizer=llamagen_vq16) and checked against the VQ-16 codebook."""
         from .llamagen import load_llamagen
         from .llamagen.checkpoints import STAGE1_FILE, STAGE2_FILE, VQ_FILE, locate
 
-        lg = cfg.llamagen
-        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if "mulosd" in strategies else [])
+        lg, drafts = cfg.llamagen, _drafts(strategies)
+        files = [VQ_FILE, STAGE2_FILE] + ([STAGE1_FILE] if drafts else [])
         _load("llamagen.ckpt_dir", locate, files, lg.ckpt_dir, lg.download)  # every missing file, first
-        _require_samplers(cfg, strategies, "llamagen_t2i")
-        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter="mulosd" in strategies, t5=lg.t5,
+        _require_samplers(cfg, drafts, "llamagen_t2i")
+        t2i = _load("llamagen.ckpt_dir", load_llamagen, lg.ckpt_dir, drafter=drafts, t5=lg.t5,
                     download=lg.download, device=cfg.device, dtype=getattr(torch, lg.dtype))
         return cls._upstream(cfg, t2i, strategies)
 
     @classmethod
-    def tar(cls, cfg: DictConfig, strategies: set[str]) -> Pipeline:
+    def tar(cls, cfg: DictConfig, strategies: list[Strategy]) -> Pipeline:
         """Tar: AR-DTok 512 or 1024 px verifies, AR-DTok 256 px drafts, both on the TA-Tok features of the LLM's
         ids (or of saved ids, `tar.features`); the samplers are given by path, trained on LlamaGen's VQ-16."""
         from .tar.checkpoints import files, locate_tar
         from .tar.models import load_tar
 
-        tc, mulosd = cfg.tar, "mulosd" in strategies
+        tc, drafts = cfg.tar, _drafts(strategies)
         llm = None if tc.features else tc.llm
-        _load("tar.ckpt_dir", locate_tar, files(tc.resolution, mulosd), tc.ckpt_dir, tc.download, llm)  # all, first
-        _require_samplers(cfg, strategies, "tar")
-        t2i = _load("tar.ckpt_dir", load_tar, tc.ckpt_dir, tc.resolution, drafter=mulosd, scale=tc.scale, llm=llm,
+        _load("tar.ckpt_dir", locate_tar, files(tc.resolution, drafts), tc.ckpt_dir, tc.download, llm)  # all, first
+        _require_samplers(cfg, drafts, "tar")
+        t2i = _load("tar.ckpt_dir", load_tar, tc.ckpt_dir, tc.resolution, drafter=drafts, scale=tc.scale, llm=llm,
                     download=tc.download, device=cfg.device, dtype=getattr(torch, tc.dtype))
         if tc.features:
             saved = _load("tar.features", _read_ids, tc.features)
@@ -163,38 +168,33 @@ class Pipeline:
         return cls._upstream(cfg, t2i, strategies, conditioner=t2i.encoder)
 
     @classmethod
-    def _upstream(cls, cfg: DictConfig, t2i, strategies: set[str], **extra) -> Pipeline:
+    def _upstream(cls, cfg: DictConfig, t2i, strategies: list[Strategy], conditioner=None) -> Pipeline:
         """A pipeline over a released backbone pair (LlamaGen, Tar) and samplers trained on its VQ-16 codes.
         Guidance as upstream applies it: only at a scale above 1."""
-        from .tokenizer.neighbours import cached_neighbour_table
         from .zoo import load_sampler
 
         m = cfg.models
-        cfg_scale, extra["cfg_schedule"], warpers = sampling(cfg, t2i.sample)
+        cfg_scale, schedule, warpers = sampling(cfg, t2i.sample)
         if warpers.temperature == 0:
             log.warning(f"temperature=0 (greedy) with {cfg.backbone}: greedy decoding is known to ruin its 512 px "
                         "images (repeated textures); its own default is temperature 1")
-        if "mulosd" in strategies:
-            extra |= {"neighbours": cached_neighbour_table(t2i.tokenizer.codebook(), max(cfg.pool_k, 1)).to(cfg.device),
-                      "drafter": t2i.drafter, "drafter_encoder": t2i.encoder,
+        parts = {"neighbours": _neighbours(cfg, t2i.tokenizer, strategies), "conditioner": conditioner}
+        if _drafts(strategies):
+            parts |= {"drafter": Model(t2i.drafter, t2i.encoder),
                       "up": _upsampler(cfg, t2i.tokenizer, m.up, t2i.tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down, t2i.tokenizer, device=cfg.device)[0].down}
-        return cls(t2i.tokenizer, t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, warpers, **extra)
+        verifier = Model(t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, schedule)
+        return cls(t2i.tokenizer, verifier, warpers, **parts)
 
-    def backbone(self, which: str = "verifier", cfg_scale: float | None = None, compile: bool = False
+    def backbone(self, which: str = "verifier", compile: bool = False, cfg_scale: float | None = None
                  ) -> ARBackbone:
-        """The ARBackbone call every strategy makes: the verifier, the low-res `drafter` or the `small` one."""
-        model, encoder = {"verifier": (self.verifier, self.encoder), "drafter": (self.drafter, self.drafter_encoder),
-                          "small": (self.small, self.small_encoder)}[which]
-        schedule = self.drafter_cfg_schedule if which == "drafter" and self.drafter_cfg_schedule else self.cfg_schedule
-        return ARBackbone(model, encoder, self.cfg_scale if cfg_scale is None else cfg_scale, compile=compile,
-                          cfg_schedule=schedule)
-
-    def drafter_backbone(self, knobs: MuLoSDConfig, compile: bool = False) -> ARBackbone:
-        """MuLo-SD's low-res drafter as decoding runs it: guided at `knobs.draft_cfg_scale` where set, else at its
-        recorded scale (the drafter only proposes, so it may be guided harder than the verifier samples)."""
-        scale = self.drafter_cfg_scale if knobs.draft_cfg_scale is None else knobs.draft_cfg_scale
-        return self.backbone("drafter", scale, compile=compile)
+        """The ARBackbone every strategy decodes with: the verifier, the low-res `drafter` or the `small` one, guided
+        at `cfg_scale` where given, else at the scale the model records, else at the verifier's. The drafter only
+        proposes, so it may be guided harder than the verifier samples: `draft_cfg_scale` sets its scale."""
+        model = {"verifier": self.verifier, "drafter": self.drafter, "small": self.small}[which]
+        scale = next(s for s in (cfg_scale, model.cfg_scale, self.verifier.cfg_scale) if s is not None)
+        return ARBackbone(model.net, model.encoder, scale, compile=compile,
+                          cfg_schedule=model.cfg_schedule or self.verifier.cfg_schedule)
 
     def precompile(self, strategy: str, cfg: DictConfig, captions: list[str]) -> None:
         """With cfg.compile: compile every graph a decode of this batch size can meet, for the models the
@@ -203,11 +203,10 @@ class Pipeline:
             return
         if self.conditioner is not None:  # Tar: the batch's features, as a decode prepares them
             self.conditioner.prepare(captions, cfg.seed, torch.arange(len(captions)))
+        drafter = STRATEGIES[strategy].drafts_with
         backbones = [self.backbone(compile=True)]
-        if STRATEGIES[strategy].drafts_with == "drafter":
-            backbones.append(self.drafter_backbone(from_config(MuLoSDConfig, cfg), compile=True))
-        elif STRATEGIES[strategy].drafts_with == "small":
-            backbones.append(self.backbone("small", compile=True))
+        if drafter:  # guided as the strategy will guide it (only the low-res drafter has a scale of its own)
+            backbones.append(self.backbone(drafter, True, cfg.get("draft_cfg_scale") if drafter == "drafter" else None))
         for bb in backbones:
             bb.precompile(captions, self.warpers, cfg.seed)
 
@@ -217,17 +216,18 @@ class Pipeline:
         `rounds`: keep each MuLo-SD round's masks and drafts in the trace (for acceptance maps)."""
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown decoding {strategy!r}; known: {', '.join(STRATEGIES)}")
-        needs = {"drafter": (self.drafter, self.up, self.down), "small": (self.small,)}.get(
-            STRATEGIES[strategy].drafts_with, ())
-        if any(model is None for model in needs):
+        s = STRATEGIES[strategy]
+        needs = {"drafter": (self.drafter, self.up, self.down), "small": (self.small,), None: ()}[s.drafts_with]
+        if any(part is None for part in needs) or (s.neighbours and self.neighbours is None):
             raise ValueError(f"this pipeline was loaded without the models {strategy} drafts with: load it with "
                              f"Pipeline.from_config(cfg, {{..., {strategy!r}}})")
+        if rounds and not s.rounds:
+            raise ValueError(f"{strategy} does not record rounds; "
+                             f"{', '.join(n for n, x in STRATEGIES.items() if x.rounds)} do")
         if self.conditioner is not None:
             self.conditioner.prepare(captions, cfg.seed, ids)
         common = {"seed": cfg.seed, "warpers": self.warpers, "image_ids": ids, "progress": progress}
         if rounds:
-            if strategy != "mulosd":
-                raise ValueError(f"only mulosd records rounds, not {strategy}")
             common["rounds"] = True
         tokens, trace = STRATEGIES[strategy].run(self, cfg, captions, common)
         if self.conditioner is not None:
@@ -239,12 +239,32 @@ class Pipeline:
         return tokens_to_images(self.tokenizer, tokens)
 
 
-def _require_samplers(cfg: DictConfig, strategies: set[str], backbone: str) -> None:
-    """A released backbone ships no samplers: MuLo-SD needs ones trained on its VQ-16 codes, given by path."""
-    if "mulosd" in strategies and cfg.upsampler == "latent" and not cfg.models.up:
+def _drafts(strategies: list[Strategy]) -> bool:
+    """Whether one of these strategies drafts with the low-res drafter (and so needs it, U_r and D_r)."""
+    return any(s.drafts_with == "drafter" for s in strategies)
+
+
+def _neighbours(cfg: DictConfig, tokenizer, strategies: list[Strategy]) -> torch.Tensor | None:
+    """The codebook-neighbour table the strategies that pool need: as many nearest codes as the largest of their
+    knobs asks for (at least 1), or None where none pools."""
+    from .tokenizer.neighbours import cached_neighbour_table
+
+    keys = {s.neighbours for s in strategies} - {None}
+    if not keys:
+        return None
+    key = max(sorted(keys), key=lambda k: cfg[k])
+    k, codes = max(cfg[key], 1), tokenizer.codebook_size
+    if k >= codes:
+        raise ConfigError(key, f"{k} neighbours need a codebook of more than {k} codes; this one has {codes}")
+    return cached_neighbour_table(tokenizer.codebook(), k).to(cfg.device)
+
+
+def _require_samplers(cfg: DictConfig, drafts: bool, backbone: str) -> None:
+    """A released backbone ships no samplers: its low-res drafting needs ones trained on its VQ-16 codes, by path."""
+    if drafts and cfg.upsampler == "latent" and not cfg.models.up:
         raise ConfigError("models.up", f"backbone={backbone} needs an up-sampler trained on its VQ-16 codes "
                                        "(models.up=DIR), or upsampler=pixel")
-    if "mulosd" in strategies and not cfg.models.down:
+    if drafts and not cfg.models.down:
         raise ConfigError("models.down", f"backbone={backbone} needs a down-sampler trained on its VQ-16 codes "
                                          "(models.down=DIR)")
 

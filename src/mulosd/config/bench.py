@@ -131,7 +131,7 @@ def grid(cfg: DictConfig) -> list[Point]:
     MuLo-SD once per variant, where a variant that sets an axis's key is measured at that value only."""
     points = [Point("ar")]
     for name in cfg.strategies:
-        for v in (list(cfg.variants) or [None]) if name == "mulosd" else [None]:
+        for v in (list(cfg.variants) or [None]) if STRATEGIES[name].variants else [None]:
             own = cfg.variants[v] if v else {}
             axes = [(a.key, [own[a.key]] if a.key in own else list(cfg[a.values])) for a in STRATEGIES[name].sweep]
             axes = [(key, values) for key, values in axes if values]

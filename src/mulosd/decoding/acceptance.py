@@ -18,6 +18,8 @@ top-k / top-p, as it would be sampled).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -69,3 +71,14 @@ def residual(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     diff = (logp.exp() - logq.exp()).clamp_min(0)
     total = diff.sum(-1, keepdim=True)
     return torch.where(total > 0, (diff / total.clamp_min(1e-30)).log(), logp)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """B_k(x): a code x and its k nearest codes (rows of the tokenizer's neighbour table [V, >= k])."""
+
+    neighbours: torch.Tensor
+    k: int
+
+    def mass(self, logp: torch.Tensor, x: torch.Tensor, delta: float | None = None) -> torch.Tensor:
+        return pooled_mass(logp, x, self.neighbours, self.k, delta)

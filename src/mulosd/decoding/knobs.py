@@ -121,10 +121,6 @@ class MuLoSDConfig:
     resample_jacobi: int = knob(1, "Jacobi windows along island rows: each row also tests up to this many of "
                                    "its positions per forward with speculative sampling, its drafts from the "
                                    "verifier's last answer (1: one position per row, as without it)")
-    keep_rejected: bool = knob(False, "rejected drafts stay in the verifier's context as placeholders until "
-                                      "resampled (an ablation)")
-    kv_refresh: str = knob("round", "round | eager | none: when accepted positions after the first rejection get "
-                                    "K/V from their final context (decoding/mulosd.py)")
     draft_rows: int = knob(8, "low-res rows drafted per round (at most the drafter's rows: more drafts the whole "
                               "grid in one round); it must divide the drafter's rows")
     draft: str = knob("zipar", "serial | zipar: a block's low-res rows drafted one after another, or staggered")
@@ -140,7 +136,6 @@ class MuLoSDConfig:
     REJECTIONS: ClassVar = ("local", "raster")
     EXPANDED: ClassVar = ("resample", "reverify")
     RESAMPLES: ClassVar = ("parallel", "serial", "zipar")
-    KV_REFRESHES: ClassVar = ("eager", "round", "none")
     DRAFTS: ClassVar = ("serial", "zipar")
     ACCEPTANCES: ClassVar = ("threshold", "sampled", "ratio")
 
@@ -152,7 +147,6 @@ class MuLoSDConfig:
         one_of(self.rejection, self.REJECTIONS, "rejection")
         one_of(self.expanded, self.EXPANDED, "expanded")
         one_of(self.resample, self.RESAMPLES, "resample")
-        one_of(self.kv_refresh, self.KV_REFRESHES, "kv_refresh")
         one_of(self.draft, self.DRAFTS, "draft")
         one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
         for key in ("resample_window", "resample_jacobi", "draft_window", "draft_rows"):

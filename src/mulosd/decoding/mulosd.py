@@ -12,24 +12,20 @@ Per round, for a block of `draft_rows` low-res rows (r * draft_rows high-res row
    outside B_k(x~) (acceptance.py);
 5. local rejection: R_X = rejected positions grown by `radius`, never before the first rejected one, t0
    (`rejection=raster` takes every position from t0 on); `expanded=reverify` keeps the drafts of the positions
-   only grown into R_X where they pass the test again in their resampled context (see `_resample`);
-6. R_X splits into islands (8-connected, see islands.py) resampled concurrently, one query per island per
-   step (`resample=parallel`), ZipAR within islands (`zipar`: an island's rows advance together, window
-   `resample_window`), or one island after another (`serial`); `resample_jacobi` > 1 lets each island row test
-   that many positions per forward as speculative Jacobi decoding does (`_IslandDrafts`);
+   only grown into R_X where they pass the test again in their resampled context (resample.py);
+6. R_X splits into islands (8-connected, see islands.py) resampled concurrently by the verifier
+   (resample.py): one query per island per step (`resample=parallel`), ZipAR within islands (`zipar`: an
+   island's rows advance together, window `resample_window`), or one island after another (`serial`);
+   `resample_jacobi` > 1 lets each island row test that many positions per forward as speculative Jacobi
+   decoding does;
 7. the committed block is down-sampled by D_r for M_q's next round.
 
 Stale KV entries. The verification forward writes K/V for every drafted position; those of accepted positions
-after t0 were computed with rejected drafts in their context. The rule: rejected positions are un-filled at
-once (`keep_rejected=true` leaves them as placeholders until resampled, an ablation); accepted ones after t0
-are counted as `stale_kv`; with `kv_refresh=eager` each is rewritten in the first resampling forward after
-every position before it is final (a few more tokens in forwards that run anyway, no extra step), with
-`round` they wait; either way the next round's verification forward rewrites the whole committed previous
-block together with the new draft, in the same single forward, so every later round sees exact entries (all
-rewrites counted as `refreshed`). `kv_refresh=none` accepts the approximation: the
-verification forward writes only the previous round's last samples, never written yet, so stale entries stay,
-as do the holes ZipAR resampling leaves (decode_zipar lives with both), and the forward carries half the
-tokens. The drafter's cache is exact: it re-reads the down-sampled committed block.
+after t0 were computed with rejected drafts in their context. Rejected positions leave the verifier's context
+at once; accepted ones after t0 are counted as `stale_kv` and stay until the next round's verification forward,
+which rewrites the whole committed previous block together with the new draft, in the same single forward, so
+every later round sees exact entries (the rewrites counted as `refreshed`). The drafter's cache is exact: it
+re-reads the down-sampled committed block.
 
 Randomness: the verifier samples position p with the same key AR uses, (seed, image, p); the drafter draws
 with its own stream. Hence `tau > 1` with serial resampling reproduces `ar` token for token, and `tau = 0`
@@ -44,24 +40,17 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
-from ..ar.noise import ACCEPT, DRAFT, ISLAND_DRAFT, ISLAND_TEST, uniform
+from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
+from .acceptance import Pool, pooled_accept, sampled_accept
 from .islands import IslandSchedule, expand, first_rejected
 from .knobs import MuLoSDConfig
+from .resample import Draws, IslandResampler, Redraw
 from .trace import Round, Trace
 from .zipar import zipar_rows
 
-
-@dataclass(frozen=True)
-class Pool:
-    """B_k(x): a code x and its k nearest codes (rows of the tokenizer's neighbour table [V, >= k])."""
-
-    neighbours: torch.Tensor
-    k: int
-
-    def mass(self, logp: torch.Tensor, x: torch.Tensor, delta: float | None = None) -> torch.Tensor:
-        return pooled_mass(logp, x, self.neighbours, self.k, delta)
+# the interface of this module: the decoder, and what a report needs to reproduce a part of it
+__all__ = ["PHASES", "decode_mulosd", "draft_warpers", "parents"]
 
 
 @dataclass(frozen=True)
@@ -91,24 +80,6 @@ class Verdict:
     @property
     def rejected(self) -> torch.Tensor:
         return ~self.accepted
-
-
-@dataclass(frozen=True)
-class Redraw:
-    """Where a sampled acceptance redraws: a rejected position outside its draft's pool, as is a grown one whose
-    re-test failed (expanded=reverify); positions only grown into R_X and resampled draw from p."""
-
-    rejected: torch.Tensor  # [B, n] over the block starting at raster position `start`
-    draft: torch.Tensor  # [B, n]
-    pool: Pool
-    start: int
-
-    def restrict(self, logp: torch.Tensor, b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """logp [m, V] of images b [m] at positions u [m], with B_k(draft) removed where u was rejected."""
-        i = u - self.start
-        hit = self.rejected[b, i]
-        logp[hit] = outside_pool(logp[hit], self.draft[b[hit], i[hit]], self.pool.neighbours, self.pool.k)
-        return logp
 
 
 def draft_warpers(warpers: Warpers, cfg: MuLoSDConfig) -> Warpers:
@@ -188,7 +159,6 @@ class _MuLoSD:
         # acceptance=ratio: the drafter's pooled mass of each low-res token it drew
         self.q_mass = torch.ones(B, g * g, device=device) if cfg.acceptance == "ratio" else None
         self.parent = parents(G, g, device)
-        self.unwritten: list[list[int]] = [[] for _ in range(B)]  # per image: sampled last round, not in the cache
         self.drafted: tuple[torch.Tensor, torch.Tensor] | None = None  # (low, high) grids as drafted, for Round
 
     def blocks(self):
@@ -229,17 +199,10 @@ class _MuLoSD:
 
     def verify(self, block: Block, draft: torch.Tensor) -> torch.Tensor:
         """3. The verifier checks the draft in one forward -> its warped log-probabilities [B, n, V] at the
-        block's positions. The forward also rewrites the committed previous block (stale-KV refresh), or with
-        kv_refresh=none only what the previous round sampled last and never wrote."""
+        block's positions. The forward also rewrites the committed previous block (stale-KV refresh)."""
         B, device, hi0, n = self.B, self.device, block.hi0, block.size
-        if block.k == 0:
-            committed = torch.empty(B, 0, dtype=torch.long, device=device)
-        elif self.cfg.kv_refresh == "none":  # the block's last position too: its output is the new block's first
-            committed = torch.cat([_padded(self.unwritten, hi0 - 1, device),
-                                   torch.full((B, 1), hi0 - 1, device=device)], 1)
-        else:
-            committed = torch.arange(hi0 - n, hi0, device=device).expand(B, -1)
-            self.trace.count("refreshed", B * n)
+        committed = torch.arange(hi0 - n if block.k > 0 else 0, hi0, device=device).expand(B, -1)
+        self.trace.count("refreshed", committed.numel())
         positions = torch.cat([committed, torch.arange(hi0, block.hi1 - 1, device=device).expand(B, -1)], dim=1)
         out = self.verifier(positions, torch.cat([self.high.gather(1, committed), draft[:, :-1]], dim=1))
         self.trace.count("verify_steps", 1)
@@ -275,18 +238,16 @@ class _MuLoSD:
     def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, verdict: Verdict) -> None:
         """6. R_X splits into islands, resampled concurrently by the verifier (or one after another)."""
         cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, verdict.redo
-        # expanded=reverify: the grown positions keep their drafts in context until re-tested (with the K/V the
-        # verification forward wrote, see _resample)
+        # expanded=reverify: the grown positions keep their drafts in context until re-tested
         grown = redo & verdict.accepted if cfg.expanded == "reverify" else None
-        if not cfg.keep_rejected:  # rejected drafts leave the verifier's context
-            self.verifier.forget_mask(_on_grid(redo if grown is None else redo & ~grown, hi0, G * G))
+        self.verifier.forget_mask(_on_grid(redo if grown is None else redo & ~grown, hi0, G * G))
         trace.count("stale_kv", verdict.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
-        rejected = verdict.rejected.clone()  # grown positions whose re-test fails join it (they redraw outside B_k)
-        redraw = Redraw(rejected, draft, self.pool, hi0) if self.sampled else None
-        jacobi = _IslandDrafts(logp, hi0, cfg.resample_jacobi) if cfg.resample_jacobi > 1 else None
-        steps, kept = _resample(self.verifier, self.high, schedules, block, logp, self,
-                                verdict.stale if cfg.kv_refresh == "eager" else None, redraw, grown, jacobi)
+        # a sampled test redraws a rejected position outside its draft's pool (and a grown one whose re-test fails)
+        redraw = Redraw(verdict.rejected.clone(), draft, self.pool, hi0) if self.sampled else None
+        draws = Draws(self.seed, self.ids, self.warpers, self.passes, redraw)
+        steps, kept = IslandResampler(self.verifier, self.high, hi0, block.size, schedules, draws, trace, grown,
+                                      cfg.resample_jacobi).run(logp)
         redo = redo & ~kept
         trace.count("resample_steps", steps)
         trace.count("drafted", self.B * block.size)
@@ -310,244 +271,3 @@ def _on_grid(block_mask: torch.Tensor, start: int, n: int) -> torch.Tensor:
     out = torch.zeros(block_mask.shape[0], n, dtype=torch.bool, device=block_mask.device)
     out[:, start:start + block_mask.shape[1]] = block_mask
     return out
-
-
-class _IslandDrafts:
-    """resample_jacobi > 1: Jacobi windows along island rows. Every island position after t0 (but reverify's
-    grown ones, which hold the up-sampler's drafts) holds a draft and the log q it was drawn from: first the
-    verification forward's answer, later the answer of a forward that asked it ahead of a draft that fell. An
-    island row asks up to `window` positions per forward, its drafts written in a group of their own (the
-    other rows do not see them; ZipAR's rule decides when a row may start, and a row start whose predecessor
-    is still a draft goes through the provisional slot as in `zipar`). Where a position's answer counts it is
-    tested as speculative sampling tests it, min(1, p(x) / q(x)), and at a failure draws from
-    norm(max(0, p - q)): the accepted prefix and one more token per row and forward, never fewer tokens than
-    without the window. Under sampled acceptance p and q of a rejected position are restricted outside its
-    draft's pool, as its direct resample would be. Noise: a position's drafts reuse its own draft noise (SJD's
-    Gumbel coupling), its tests its own uniform, both on streams of their own (its test decides its token once:
-    only when every position before it in its row stands); the residual draw is the verifier's."""
-
-    def __init__(self, logp: torch.Tensor, hi0: int, window: int):
-        self.logq, self.hi0, self.window = logp.clone(), hi0, window  # [B, n, V]
-        self.held: list[set[int]] = [set() for _ in range(logp.shape[0])]
-
-    def target(self, lp: torch.Tensor, b: torch.Tensor, u: torch.Tensor, redraw: Redraw | None) -> torch.Tensor:
-        """The distribution position u [m] of image b [m] is sampled from, given the verifier's lp [m, V] (a
-        gathered copy: it is restricted in place)."""
-        return lp if redraw is None else redraw.restrict(lp, b, u)
-
-    def draw(self, high: torch.Tensor, picks: list[tuple[int, int]], lp: torch.Tensor, run: _MuLoSD,
-             redraw: Redraw | None) -> None:
-        """New drafts at (image, position) `picks` from the verifier's answers lp [m, V]."""
-        if not picks:
-            return
-        b, u = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
-        q = self.target(lp, b, u, redraw)
-        self.logq[b, u - self.hi0] = q
-        high[b, u] = sample(q[:, None], run.seed, run.ids[b], u[:, None], stream=ISLAND_DRAFT)[:, 0]
-        for bb, uu in picks:
-            self.held[bb].add(uu)
-
-    def fill(self, high: torch.Tensor, schedules: list[IslandSchedule], logp: torch.Tensor,
-             tentative: list[set[int]], run: _MuLoSD, redraw: Redraw | None) -> None:
-        """Every island position still to do and not holding a grown draft gets one from the verification."""
-        picks = [(b, p) for b, s in enumerate(schedules) for j, island in enumerate(s.islands) for p in island
-                 if s.pending(j, p) and p not in tentative[b]]
-        if picks:
-            b, u = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
-            self.draw(high, picks, logp[b, u - self.hi0], run, redraw)
-            for bb, uu in picks:
-                tentative[bb].add(uu)
-
-    def tests(self, high: torch.Tensor, out: torch.Tensor, targets: list, run: _MuLoSD, redraw: Redraw | None
-              ) -> set[tuple[int, int]]:
-        """(image, position) of the asked drafts that pass speculative sampling's test under this forward."""
-        checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in self.held[b]]
-        if not checks:
-            return set()
-        b, u, k = (torch.tensor(c, device=high.device) for c in zip(*checks, strict=True))
-        x = high[b, u][:, None]
-        p = self.target(out[b, k], b, u, redraw)
-        ratio = (p.gather(-1, x) - self.logq[b, u - self.hi0].gather(-1, x))[:, 0].exp()
-        ok = (uniform(run.seed, run.ids[b], u, ISLAND_TEST) < ratio.clamp(max=1).double()).tolist()
-        return {(bb, uu) for (bb, uu, _), passed in zip(checks, ok, strict=True) if passed}
-
-
-def _resample(verifier: ARBackbone, high: torch.Tensor, schedules: list[IslandSchedule], block: Block,
-              logp: torch.Tensor, run: _MuLoSD, refresh: torch.Tensor | None, redraw: Redraw | None,
-              grown: torch.Tensor | None = None, jacobi: _IslandDrafts | None = None) -> tuple[int, torch.Tensor]:
-    """Resample every island position of `schedules` (one per image) in place in `high`; returns the number of
-    sequential verifier forwards and the grown positions that kept their drafts ([B, n] over the block), and
-    leaves in `run.unwritten`, per image, the positions sampled but not yet written (the last step's samples:
-    the next verification forward writes them). `refresh` [B, n]: the accepted positions after t0 to rewrite
-    once their context is final (kv_refresh=eager), or None.
-
-    Each step queries every position u the schedules have ready: one forward writes u's predecessor (whose
-    output is u's distribution) and the tokens sampled in the previous step. A row start whose predecessor,
-    the previous row's end, is still to be resampled (ZipAR within islands) is queried through a provisional
-    slot, as decode_zipar does: the previous row's latest final token written there, rewritten with the real
-    one once sampled (counted as `provisional_kv`). The first position of R_X, t0, needs no query: its context
-    is committed and unchanged, so the verification forward's distribution is exact. An image with nothing to
-    do in a step rewrites a position whose context is final (a no-op), so an image decodes the same alone and
-    in a batch.
-
-    `grown` [B, n] (expanded=reverify): the positions of R_X that were only grown into it. Each keeps its draft
-    where the draft passes the acceptance test again once its context is final, and is resampled otherwise.
-    Their drafts stay in context meanwhile, so the queries run ahead of them: a position whose unfinished
-    predecessors in the schedule are all such drafts is queried in the same forward, and its answer counts
-    when every one of them stood (a run of drafts that pass resolves in one forward, as in speculative
-    decoding; one that fails makes the positions after it ask again in the next forward). The re-test draws
-    its uniform from the same key as the verification test, so under sampled / ratio acceptance a grown draft
-    stays with probability min(first test's, re-test's) rather than their product. A draft that stands keeps
-    the K/V of the forward that last wrote its slot: the verification forward's (rejected drafts in view) unless
-    a later query rewrote it as its predecessor; like the accepted positions after t0 it is exact again only
-    after the next round's verification forward (kv_refresh=round), not counted in `stale_kv`. `reverified`
-    counts re-tests run, including answers that did not count.
-
-    `jacobi` (resample_jacobi > 1): the island positions hold Jacobi drafts, asked and tested a window per row
-    (`_IslandDrafts`); drafts not standing after a forward leave the cache."""
-    B, G, hi0 = len(schedules), verifier.grid, block.hi0
-    kept = torch.zeros(B, block.size, dtype=torch.bool, device=high.device)
-    tentative = [set() if grown is None else set((hi0 + torch.nonzero(grown[b])).flatten().tolist())
-                 for b in range(B)]
-    unwritten: list[set[int]] = [set() for _ in range(B)]
-    # t0 first, straight from the verification forward (islands are sorted by start; t0 was rejected itself)
-    firsts = [(b, s.first) for b, s in enumerate(schedules) if s.first is not None]
-    _sample_at(high, logp, [(b, t0, t0 - hi0) for b, t0 in firsts], run, redraw)
-    for b, t0 in firsts:
-        unwritten[b].add(t0)
-        schedules[b].mark(0, 0)
-    held = [set() for _ in range(B)] if jacobi is None else jacobi.held
-    if jacobi is not None:
-        jacobi.fill(high, schedules, logp, tentative, run, redraw)
-    window = None if jacobi is None else jacobi.window
-    # eager refresh: accepted positions after t0 hold K/V computed with rejected drafts in view; each is rewritten
-    # in the first forward after every position before it is final (no extra forward: the ones that become
-    # final only with the round's last samples are rewritten by the next round's verification forward)
-    stale = [[] if refresh is None else (hi0 + torch.nonzero(refresh[b])).flatten().tolist() for b in range(B)]
-    steps = 0
-    while True:
-        writes, targets = [], []  # per image: [(position, token)], [(u, island, index, index of u-1 in writes)]
-        groups: list[dict[int, int]] = []  # per image: position -> group of a Jacobi draft written
-        for b, schedule in enumerate(schedules):
-            groups.append({})
-            w = {p: int(high[b, p]) for p in sorted(unwritten[b])}  # finished islands' last tokens too
-            if stale[b]:
-                undone = schedule.first_pending(block.hi1)
-                final = [p for p in stale[b] if p < undone]
-                w |= {p: int(high[b, p]) for p in final}
-                run.trace.count("refreshed", len(final))
-                stale[b] = stale[b][len(final):]
-            ready = schedule.ready(tentative[b], window)
-            for u, j, _ in ready:
-                if schedule.pending(j, u - 1) and (u - 1 not in tentative[b] or u - 1 in held[b] and (u - 1) // G
-                                                   != u // G):  # a row start ahead of its predecessor
-                    latest = schedule.pending_in_row(j, (u - 1) // G)[0] - 1  # the previous row's last final token
-                    w[u - 1] = int(high[b, latest])
-                    run.trace.count("provisional_kv", schedule.row_size(j, u // G) - 1)  # the row's others
-                else:  # final, or a draft that may stand: its own token
-                    w.setdefault(u - 1, int(high[b, u - 1]))
-                    if u - 1 in held[b]:  # a Jacobi draft: seen by its own row only
-                        groups[b][u - 1] = j * G + (u - 1) // G
-            writes.append(list(w.items()))
-            targets.append([(u, j, i, list(w).index(u - 1)) for u, j, i in ready])
-        if not any(targets):
-            run.unwritten = [sorted(w) for w in unwritten]
-            return steps, kept
-        width = max(len(w) for w in writes)
-        pos = torch.empty(B, width, dtype=torch.long, device=high.device)
-        tok, group = torch.empty_like(pos), torch.full_like(pos, -1)
-        for b, w in enumerate(writes):
-            # pad by repeating the last write; a finished image rewrites a position whose token and context
-            # are final (it makes no more queries this round, so nothing it does here can change its image)
-            w = w or [(max(hi0 - 1, 0), int(high[b, max(hi0 - 1, 0)]))]
-            w = w + [w[-1]] * (width - len(w))
-            pos[b], tok[b] = torch.tensor([p for p, _ in w]), torch.tensor([x for _, x in w])
-            group[b] = torch.tensor([groups[b].get(p, -1) for p, _ in w])
-        out = warp(verifier(pos, tok, group if any(groups) else None), run.warpers)
-        steps += 1
-        stands = _retest(high, out, targets, tentative, run, held)
-        if jacobi is not None:
-            stands |= jacobi.tests(high, out, targets, run, redraw)
-        picks, failed, redrafts, dropped = [], [], [], []  # failed: Jacobi drafts that fell (residual draws)
-        for b, schedule in enumerate(schedules):
-            stood: set[int] = set()  # decided in this step with the token that was in context
-            decided = []  # marked done after the walk: `done` stays what it was when this forward was asked
-            written = {p for p, _ in writes[b]}
-            for u, j, i, k in targets[b]:
-                island = schedule.islands[j]
-                if not all(schedule.done[j][m] or island[m] in stood for m in schedule.blockers[j][i]):
-                    if u in held[b]:  # asked ahead of a draft that fell: drafted again from this answer
-                        redrafts.append((b, u, k))
-                    continue  # asked ahead of a draft that did not stand: ask again
-                decided.append((j, i))
-                if u in held[b]:
-                    run.trace.count("jacobi_tested", 1)
-                if (b, u) in stands:
-                    stood.add(u)
-                    if u in held[b]:
-                        run.trace.count("jacobi_kept", 1)
-                    else:
-                        kept[b, u - hi0] = True
-                else:
-                    if u in tentative[b] and redraw is not None and u not in held[b]:
-                        redraw.rejected[b, u - hi0] = True  # failed its re-test: redrawn outside its draft's pool
-                    (failed if u in held[b] else picks).append((b, u, k))
-                tentative[b].discard(u)
-            for j, i in decided:
-                schedule.mark(j, i)
-            unwritten[b].difference_update(written)
-            # a Jacobi draft stands in the cache where it was written this time; else it is written next time
-            unwritten[b].update(u for u in stood & held[b] if u not in written)
-            dropped += [(b, p) for p in groups[b] if p not in stood]
-            held[b].difference_update(stood)
-        _sample_at(high, out, picks, run, redraw)
-        _sample_at(high, out, failed, run, redraw, jacobi)  # the noise a direct resample of the position uses
-        for bb, uu, _ in failed:
-            held[bb].discard(uu)
-        if redrafts:
-            b, _, k = (torch.tensor(c, device=high.device) for c in zip(*redrafts, strict=True))
-            jacobi.draw(high, [(bb, uu) for bb, uu, _ in redrafts], out[b, k], run, redraw)
-        if dropped:  # Jacobi drafts written this time that do not stand leave the cache
-            mask = torch.zeros(B, G * G, dtype=torch.bool, device=high.device)
-            mask[tuple(torch.tensor(c, device=high.device) for c in zip(*dropped, strict=True))] = True
-            verifier.forget_mask(mask)
-        for b, u, _ in picks + failed:
-            unwritten[b].add(u)
-
-
-def _retest(high: torch.Tensor, out: torch.Tensor, targets: list, tentative: list[set[int]], run: _MuLoSD,
-            jacobi: list[set[int]]) -> set[tuple[int, int]]:
-    """(image, position) of the queried grown drafts (tentative, not Jacobi drafts) that pass the acceptance
-    test under this forward's answers (whether those answers count is the caller's business), in one batched
-    test."""
-    checks = [(b, u, k) for b, t in enumerate(targets) for u, _, _, k in t if u in tentative[b] and u not in jacobi[b]]
-    if not checks:
-        return set()
-    b, u, k = (torch.tensor(c, device=high.device) for c in zip(*checks, strict=True))
-    ok = run.passes(out[b, k], high[b, u], b, u).tolist()
-    run.trace.count("reverified", len(checks))
-    return {(bb, uu) for (bb, uu, _), passed in zip(checks, ok, strict=True) if passed}
-
-
-def _padded(rows: list[list[int]], fill: int, device) -> torch.Tensor:
-    """Per-image position lists -> [B, longest], short rows padded with `fill` (a position the forward writes
-    anyway: a duplicate write of one slot in one forward computes the same K/V twice)."""
-    width = max(map(len, rows), default=0)
-    return torch.tensor([row + [fill] * (width - len(row)) for row in rows], dtype=torch.long,
-                        device=device).view(len(rows), width)
-
-
-def _sample_at(high: torch.Tensor, logp: torch.Tensor, picks: list[tuple[int, int, int]], run: _MuLoSD,
-               redraw: Redraw | None, jacobi: _IslandDrafts | None = None) -> None:
-    """high[b, u] = the verifier's sample from logp[b, k] for each (b, u, k), in one batched draw: the noise is
-    keyed by (image, u), so the tokens are those of one draw per position. With `jacobi` the picks are Jacobi
-    drafts that fell: each draws from norm(max(0, p - q)), q its draft's distribution."""
-    if not picks:
-        return
-    b, u, k = (torch.tensor(c, device=high.device) for c in zip(*picks, strict=True))
-    lp = logp[b, k]
-    if redraw is not None:
-        lp = redraw.restrict(lp, b, u)
-    if jacobi is not None:
-        lp = residual(lp, jacobi.logq[b, u - jacobi.hi0])
-    high[b, u] = sample(lp[:, None], run.seed, run.ids[b], u[:, None])[:, 0]

@@ -59,13 +59,7 @@ def decode_pjd(backbone: ARBackbone, captions: list[str], cfg: PJDConfig = PJDCo
     while c[-1] < W:
         top = next(r for r in range(W) if c[r] < W)
         rows, writes = _windows(c, top, cfg, W)
-        pos = torch.tensor([q for q, _ in writes], device=device)
-        groups = torch.tensor([g for _, g in writes], device=device)
-        tok = tokens[:, pos]  # anchors: each row's last committed token ...
-        for r, v, i in rows:
-            if c[r] == 0 and r != top:  # ... or, for a row that has not begun, the provisional one
-                tok[:, i] = tokens[:, (r - 1) * W + c[r - 1] - 1]
-            tok[:, i + 1:i + v] = drafts[:, r * W + c[r]:r * W + c[r] + v - 1]
+        pos, tok, groups = _inputs(tokens, drafts, c, top, rows, writes)
         out = warp(backbone(pos.expand(B, -1), tok, groups), warpers)  # [B, writes, V]
         # noise keyed by position and iteration: a lower row's tests and redraws take effect, so no later test
         # or draft of a position may reuse them
@@ -120,3 +114,19 @@ def _windows(c: list[int], top: int, cfg: PJDConfig, W: int):
         writes.append((t - 1, -1 if c[r] > 0 or r == top else r))
         writes += [(t + i, r) for i in range(v - 1)]
     return rows, writes
+
+
+def _inputs(tokens: torch.Tensor, drafts: torch.Tensor, c: list[int], top: int, rows: list, writes: list
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's positions [n], tokens [B, n] and groups [n] for `_windows`' rows and writes: each row's
+    anchor (its last committed token, or for a row that has not begun the provisional one: the row above's
+    latest) and its current drafts."""
+    W = len(c)
+    pos = torch.tensor([q for q, _ in writes], device=tokens.device)
+    groups = torch.tensor([g for _, g in writes], device=tokens.device)
+    tok = tokens[:, pos]
+    for r, v, i in rows:
+        if c[r] == 0 and r != top:
+            tok[:, i] = tokens[:, (r - 1) * W + c[r - 1] - 1]
+        tok[:, i + 1:i + v] = drafts[:, r * W + c[r]:r * W + c[r] + v - 1]
+    return pos, tok, groups

@@ -83,12 +83,7 @@ def decode_sjd(backbone: ARBackbone, captions: list[str], cfg: SJDConfig = SJDCo
             dist = residual(p[b, jb], logq[b, jb])[:, None]
             tokens[b, n[b] + jb] = sample(dist, seed, ids[b], (n[b] + jb)[:, None])[:, 0]
         moved = torch.where(rejected, j + 1, length)
-        # the next window: the rest of this one redrawn from its p, the next position from the last write's
-        # output, anything further uniformly
-        extended = torch.cat([p, out[:, L:]], 1)  # p at positions n .. n + L
-        source = moved[:, None] + offsets  # index into `extended` of each new window position
-        new_logq = torch.where((source <= L)[..., None], extended.gather(
-            1, source.clamp(max=L)[..., None].expand(-1, -1, V)), flat)
+        new_logq, source = _next_window(p, out, moved, flat)
         n_next = torch.minimum(n + moved, torch.full_like(n, N))
         new_drafts = _draw(new_logq, seed, ids, n_next[:, None] + offsets)
         if cfg.coupling == "maximal":
@@ -99,6 +94,19 @@ def decode_sjd(backbone: ARBackbone, captions: list[str], cfg: SJDConfig = SJDCo
             progress.update(1)
     trace.steps = steps
     return tokens.view(B, backbone.grid, backbone.grid), trace.stop()
+
+
+def _next_window(p: torch.Tensor, out: torch.Tensor, moved: torch.Tensor, flat: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The next window's log q [B, L, V] after each image moved by `moved` [B]: the rest of this window redrawn
+    from its p [B, L, V], the next position from the last write's output (out[:, L]), anything further
+    uniformly (`flat`); and each new position's index in this window (< L: it was drafted already)."""
+    B, L, V = p.shape
+    extended = torch.cat([p, out[:, L:]], 1)  # p at positions n .. n + L
+    source = moved[:, None] + torch.arange(L, device=p.device)  # index into `extended` of each new position
+    logq = torch.where((source <= L)[..., None], extended.gather(1, source.clamp(max=L)[..., None].expand(-1, -1, V)),
+                       flat)
+    return logq, source
 
 
 def _coupled(drafts: torch.Tensor, logq: torch.Tensor, old: torch.Tensor, old_logq: torch.Tensor,

@@ -151,10 +151,11 @@ class Budget:
         self.pipe = Pipeline.from_config(cfg, {"mulosd"})
         self.knobs = from_config(MuLoSDConfig, cfg)
         p = self.pipe
-        self.G, self.g = p.verifier.cfg.grid, p.drafter.cfg.grid
+        self.G, self.g = p.grid, p.drafter.net.cfg.grid
         self.r = self.G // self.g
         self.parent = parents(self.G, self.g)
         self.draft_warpers = draft_warpers(p.warpers, self.knobs)
+        self.drafter = p.backbone("drafter", cfg_scale=self.knobs.draft_cfg_scale)  # guided as decoding guides it
         self.ups = {s: load_sampler(sampler_name(self.r, s), cfg.models.tokenizer)[0].up for s in SAMPLER_STAGES}
         self.ups |= {sr: PixelUpsampler(p.tokenizer, self.r, sr).up for sr in ("bicubic", "lanczos")}
 
@@ -168,7 +169,7 @@ class Budget:
 
     def q(self, captions, low: torch.Tensor) -> torch.Tensor:
         """The drafter's pooled mass of each low-res token given the ones before it, at every high-res child."""
-        logq = teacher_forced(self.pipe.drafter_backbone(self.knobs), captions, low.flatten(1), self.draft_warpers)
+        logq = teacher_forced(self.drafter, captions, low.flatten(1), self.draft_warpers)
         return pooled_mass(logq, low.flatten(1), self.pipe.neighbours, self.knobs.pool_k)[:, self.parent]
 
     def ladder(self) -> dict[str, Rung]:
@@ -179,10 +180,10 @@ class Budget:
             images = tokens_to_images(p.tokenizer, own)
             img_low = p.tokenizer.encode(torch.stack([to_tensor(downsample(im, self.r)) for im in images]))
             d_low = p.down(own)
-            drafts = {"": decode_zipar(p.drafter_backbone(self.knobs), captions, window=self.knobs.draft_window,
-                                       seed=cfg.seed, warpers=self.draft_warpers, image_ids=ids)[0],
-                      "serial ": decode_ar(p.drafter_backbone(self.knobs), captions, seed=cfg.seed,
-                                           warpers=self.draft_warpers, image_ids=ids)[0]}
+            drafts = {"": decode_zipar(self.drafter, captions, window=self.knobs.draft_window, seed=cfg.seed,
+                                       warpers=self.draft_warpers, image_ids=ids)[0],
+                      "serial ": decode_ar(self.drafter, captions, seed=cfg.seed, warpers=self.draft_warpers,
+                                           image_ids=ids)[0]}
             tests = [("own", own, d_low)]
             tests += [(f"img>U_r {s}", self.ups[s](img_low), img_low) for s in SAMPLER_STAGES]
             tests += [(f"img>{sr}", self.ups[sr](img_low), img_low) for sr in ("bicubic", "lanczos")]
@@ -239,7 +240,7 @@ class Budget:
 
         def mulosd(rate):
             def run(caption, i):
-                v, d = Timed(p.backbone()), Timed(p.drafter_backbone(k))
+                v, d = Timed(p.backbone()), Timed(p.backbone("drafter", cfg_scale=k.draft_cfg_scale))
                 _, t = decode_mulosd(v, d, p.up, p.down, [caption], p.neighbours, k, seed=cfg.seed,
                                      warpers=p.warpers, image_ids=torch.tensor([i]),
                                      accept=None if rate is None else forced(rate, seed=i))
