@@ -227,7 +227,7 @@ def test_fit_without_a_model_names_the_experiments():
 
 
 def test_knob_dataclasses_are_built_from_a_config_by_their_fields():
-    from mulosd.decoding import KnobError, MuLoSDConfig, SDConfig, from_config
+    from mulosd.decoding import MuLoSDConfig, SDConfig, from_config
 
     cfg = compose_config("infer", ["tau=0.3", "radius=2", "lantern_k=5", "lantern_delta=0.1", "gamma=3"])
     ml = from_config(MuLoSDConfig, cfg)
@@ -235,7 +235,7 @@ def test_knob_dataclasses_are_built_from_a_config_by_their_fields():
     sd = from_config(SDConfig, cfg, acceptance="lantern")  # pool_k and delta read lantern_k, lantern_delta
     assert (sd.gamma, sd.pool_k, sd.delta, sd.acceptance) == (3, 5, 0.1, "lantern")
     assert from_config(SDConfig, cfg).acceptance == "exact"  # infer's `acceptance` is MuLo-SD's, never SD's
-    with pytest.raises(KnobError) as e:
+    with pytest.raises(ConfigError) as e:
         from_config(SDConfig, compose_config("infer", ["lantern_k=-2"]))
     assert e.value.key == "lantern_k"
 

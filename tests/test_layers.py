@@ -13,7 +13,7 @@ from .conftest import ROOT
 
 SRC = ROOT / "src" / "mulosd"
 LAYERS = [  # bottom first
-    {"atomic", "choices", "logs", "machine", "paths"},
+    {"atomic", "checks", "choices", "logs", "machine", "paths"},
     {"data"},
     {"tokenizer", "losses", "eval"},
     {"ar"},

@@ -206,6 +206,15 @@ _COMPILED: dict[tuple[int, float], tuple] = {}
 _DRAW = None
 
 
+def padded_writes(rows: list[list[tuple[int, ...]]], device=None) -> tuple[torch.Tensor, ...]:
+    """Per-image writes, each a (position, token, ...) tuple, -> one long tensor [B, width] per field for a
+    batched forward: shorter rows repeat their last write (writing one slot twice in a forward computes the same
+    K/V twice, so the padding changes nothing). Every row must hold at least one write."""
+    width = max(len(r) for r in rows)
+    writes = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
+    return tuple(field.contiguous() for field in writes.unbind(-1))
+
+
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:
     """t [B, n, ...] widened to [B, width, ...] along dim 1 by repeating its last entry."""
     n = t.shape[1]

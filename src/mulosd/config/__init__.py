@@ -17,15 +17,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from ..checks import ConfigError, one_of, require
 from ..paths import CONF
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message starts with the full key."""
-
-    def __init__(self, key: str, message: str):
-        super().__init__(f"{key}: {message}")
-        self.key = key
+__all__ = ["ConfigError", "check_keys", "one_of", "register_configs", "require", "with_overrides"]
 
 
 def register_configs() -> None:
@@ -44,15 +39,6 @@ def check_keys(cfg: DictConfig, schema: type, prefix: str = "") -> DictConfig:
     except OmegaConfBaseException as e:
         key = prefix + str(getattr(e, "full_key", None) or "")
         raise ConfigError(key or "config", str(e).splitlines()[0]) from None
-
-
-def require(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(key, message)
-
-
-def one_of(value, options, key: str) -> None:
-    require(value in options, key, f"{value!r} is not one of {', '.join(map(str, options))}")
 
 
 def with_overrides(cfg: DictConfig, overrides) -> DictConfig:

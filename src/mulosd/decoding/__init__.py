@@ -5,8 +5,8 @@ the config schemas; the decoders are imported from their modules (`from mulosd.d
 decode_mulosd`).
 """
 
-from .knobs import KnobError, MuLoSDConfig, PJDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
+from .knobs import MuLoSDConfig, PJDConfig, SDConfig, SJDConfig, ZipARConfig, from_config
 from .registry import STRATEGIES, STRATEGY_NAMES, Strategy
 
-__all__ = ["STRATEGIES", "STRATEGY_NAMES", "KnobError", "MuLoSDConfig", "PJDConfig", "SDConfig", "SJDConfig",
+__all__ = ["STRATEGIES", "STRATEGY_NAMES", "MuLoSDConfig", "PJDConfig", "SDConfig", "SJDConfig",
            "Strategy", "ZipARConfig", "from_config"]

@@ -5,7 +5,7 @@ fields (`command_line_knobs`), so a knob has one default, one range check (`__po
 (`metadata["help"]`), and the reference (docs/reference.md) is written from them. A field's command-line key is
 its name unless `metadata["key"]` says otherwise (LANTERN's `pool_k` is `lantern_k`, SJD's `window` is
 `sjd_window`: two strategies share a run's flat config); `key=None` keeps a field off the command line (the
-strategy sets it). `from_config` builds a dataclass from any config by those keys; a mistake is a `KnobError`
+strategy sets it). `from_config` builds a dataclass from any config by those keys; a mistake is a `ConfigError`
 naming the config key.
 
 This module imports no torch: the schemas, `infer.py --help` and a config error read it without loading torch.
@@ -17,22 +17,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
 
-
-class KnobError(ValueError):
-    """A setting out of range or not among its choices; `key` names it."""
-
-    def __init__(self, key: str, detail: str):
-        super().__init__(f"{key}: {detail}")
-        self.key, self.detail = key, detail
-
-
-def check(ok: bool, key: str, detail: str) -> None:
-    if not ok:
-        raise KnobError(key, detail)
-
-
-def one_of(value: Any, choices: tuple, key: str) -> None:
-    check(value in choices, key, f"{value!r} is not one of {', '.join(map(str, choices))}")
+from ..checks import ConfigError, one_of, require
 
 
 def knob(default: Any, help: str, key: str | None | type = MISSING):
@@ -47,7 +32,7 @@ class ZipARConfig:
     window: int = knob(4, "zipar: row i+1 starts once row i has this many tokens")
 
     def __post_init__(self):
-        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
+        require(self.window >= 1, "window", f"must be >= 1, got {self.window}")
 
 
 @dataclass(frozen=True)
@@ -63,10 +48,10 @@ class SDConfig:
     ACCEPTANCES: ClassVar = ("exact", "lantern")
 
     def __post_init__(self):
-        check(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
+        require(self.gamma >= 1, "gamma", f"must be >= 1, got {self.gamma}")
         one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
-        check(0 <= self.delta <= 1, "delta", f"must be in [0, 1], got {self.delta}")
-        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
+        require(0 <= self.delta <= 1, "delta", f"must be in [0, 1], got {self.delta}")
+        require(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
 
 
 @dataclass(frozen=True)
@@ -82,7 +67,7 @@ class SJDConfig:
     COUPLINGS: ClassVar = ("gumbel", "maximal")
 
     def __post_init__(self):
-        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
+        require(self.window >= 1, "window", f"must be >= 1, got {self.window}")
         one_of(self.coupling, self.COUPLINGS, "coupling")
 
 
@@ -95,8 +80,8 @@ class PJDConfig:
                          "one row at a time)", key="pjd_start")
 
     def __post_init__(self):
-        check(self.window >= 1, "window", f"must be >= 1, got {self.window}")
-        check(self.start >= 1, "start", f"must be >= 1, got {self.start}")
+        require(self.window >= 1, "window", f"must be >= 1, got {self.window}")
+        require(self.start >= 1, "start", f"must be >= 1, got {self.start}")
 
 
 @dataclass(frozen=True)
@@ -140,21 +125,21 @@ class MuLoSDConfig:
     ACCEPTANCES: ClassVar = ("threshold", "sampled", "ratio")
 
     def __post_init__(self):
-        check(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")  # NaN fails too; > 1 rejects every draft
-        check(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
-        check(self.delta is None or 0 <= self.delta <= 1, "delta", f"must be in [0, 1] or null, got {self.delta}")
-        check(self.radius >= 0, "radius", f"must be >= 0, got {self.radius}")
+        require(self.tau >= 0, "tau", f"must be >= 0, got {self.tau}")  # NaN fails too; > 1 rejects every draft
+        require(self.pool_k >= 0, "pool_k", f"must be >= 0, got {self.pool_k}")
+        require(self.delta is None or 0 <= self.delta <= 1, "delta", f"must be in [0, 1] or null, got {self.delta}")
+        require(self.radius >= 0, "radius", f"must be >= 0, got {self.radius}")
         one_of(self.rejection, self.REJECTIONS, "rejection")
         one_of(self.expanded, self.EXPANDED, "expanded")
         one_of(self.resample, self.RESAMPLES, "resample")
         one_of(self.draft, self.DRAFTS, "draft")
         one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
         for key in ("resample_window", "resample_jacobi", "draft_window", "draft_rows"):
-            check(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+            require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
         for key in ("draft_temperature", "draft_cfg_scale"):
             value = getattr(self, key)
-            check(value is None or value >= 0, key, f"must be >= 0, got {value}")
-        check(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
+            require(value is None or value >= 0, key, f"must be >= 0, got {value}")
+        require(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
 
 
 def command_line_knobs(configs) -> dict[str, tuple[type, Any, str]]:
@@ -176,11 +161,11 @@ def command_line_knobs(configs) -> dict[str, tuple[type, Any, str]]:
 
 def from_config(cls, cfg, **fixed):
     """`cls` built from `cfg` (a mapping): each field from the key its metadata names (default: its own name),
-    unless given in `fixed`; a field whose key the config lacks keeps its default. A KnobError is re-raised
+    unless given in `fixed`; a field whose key the config lacks keeps its default. A ConfigError is re-raised
     naming the config key instead of the field."""
     keys = {f.name: f.metadata.get("key", f.name) for f in fields(cls)}
     values = {name: cfg[key] for name, key in keys.items() if name not in fixed and key is not None and key in cfg}
     try:
         return cls(**values, **fixed)
-    except KnobError as e:
-        raise KnobError(keys.get(e.key) or e.key, e.detail) from None
+    except ConfigError as e:
+        raise ConfigError(keys.get(e.key) or e.key, e.detail) from None

@@ -69,7 +69,7 @@ class Block:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Acceptance:
     """The verifier's judgement of a block's draft, each [B, n] bool over the block's high-res positions."""
 
     accepted: torch.Tensor  # passed the acceptance test
@@ -122,8 +122,8 @@ def decode_mulosd(verifier: ARBackbone, drafter: ARBackbone, up: Callable, down:
         run.draft(block)  # 1
         draft = run.upsample(block)  # 2
         logp = run.verify(block, draft)  # 3
-        verdict = run.judge(block, draft, logp)  # 4-5
-        run.resample(block, draft, logp, verdict)  # 6
+        acceptance = run.check(block, draft, logp)  # 4-5
+        run.resample(block, draft, logp, acceptance)  # 6
         run.commit(block)  # 7
         if progress is not None:
             progress.update(1)
@@ -211,7 +211,7 @@ class _MuLoSD:
             self.drafted = self.low.cpu().clone(), self.high.cpu().clone()
         return warp(out[:, -n:] if block.k > 0 else torch.cat([self.first_high, out], dim=1), self.warpers)
 
-    def judge(self, block: Block, draft: torch.Tensor, logp: torch.Tensor) -> Verdict:
+    def check(self, block: Block, draft: torch.Tensor, logp: torch.Tensor) -> Acceptance:
         """4-5. Pooled acceptance, then local rejection: the rejected positions grown by the radius from t0 on."""
         cfg, B, G = self.cfg, self.B, self.G
         images = torch.arange(B, device=self.device)[:, None].expand(-1, block.size)
@@ -221,7 +221,7 @@ class _MuLoSD:
         redo = expand((~accepted).view(B, rows, G), cfg.radius, cfg.rejection).reshape(B, -1)
         t0 = first_rejected(redo.view(B, rows, G))
         stale = ~redo & (torch.arange(block.size, device=self.device)[None] > t0[:, None])
-        return Verdict(accepted, redo, stale)
+        return Acceptance(accepted, redo, stale)
 
     def passes(self, logp: torch.Tensor, draft: torch.Tensor, b: torch.Tensor, positions: torch.Tensor
                ) -> torch.Tensor:
@@ -235,16 +235,16 @@ class _MuLoSD:
             return sampled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, u, cfg.delta, q)
         return pooled_accept(logp, draft, pool.neighbours, pool.k, cfg.tau, cfg.delta, cfg.relative)
 
-    def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, verdict: Verdict) -> None:
+    def resample(self, block: Block, draft: torch.Tensor, logp: torch.Tensor, acceptance: Acceptance) -> None:
         """6. R_X splits into islands, resampled concurrently by the verifier (or one after another)."""
-        cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, verdict.redo
+        cfg, trace, G, hi0, redo = self.cfg, self.trace, self.G, block.hi0, acceptance.redo
         # expanded=reverify: the grown positions keep their drafts in context until re-tested
-        grown = redo & verdict.accepted if cfg.expanded == "reverify" else None
+        grown = redo & acceptance.accepted if cfg.expanded == "reverify" else None
         self.verifier.forget_mask(_on_grid(redo if grown is None else redo & ~grown, hi0, G * G))
-        trace.count("stale_kv", verdict.stale.sum())
+        trace.count("stale_kv", acceptance.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
         # a sampled test redraws a rejected position outside its draft's pool (and a grown one whose re-test fails)
-        redraw = Redraw(verdict.rejected.clone(), draft, self.pool, hi0) if self.sampled else None
+        redraw = Redraw(acceptance.rejected.clone(), draft, self.pool, hi0) if self.sampled else None
         draws = Draws(self.seed, self.ids, self.warpers, self.passes, redraw)
         steps, kept = IslandResampler(self.verifier, self.high, hi0, block.size, schedules, draws, trace, grown,
                                       cfg.resample_jacobi).run(logp)
@@ -254,7 +254,7 @@ class _MuLoSD:
         trace.count("accepted", (~redo).sum())
         trace.count("resampled", redo.sum())
         trace.round(lambda: Round(*(_on_grid(m, hi0, G * G).cpu() for m in
-                                    (torch.ones_like(redo), ~redo, verdict.rejected, redo)),
+                                    (torch.ones_like(redo), ~redo, acceptance.rejected, redo)),
                                   low_draft=self.drafted[0], high_draft=self.drafted[1]))
 
     def commit(self, block: Block) -> None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
+from ..ar.backbone import padded_writes
 from ..ar.noise import ISLAND_DRAFT, ISLAND_TEST, uniform
 from ..ar.sampling import sample
 from .acceptance import Pool, outside_pool, residual
@@ -237,17 +238,12 @@ class IslandResampler:
         """One verifier forward over every image's writes -> its warped answers [B, width, V]. Short rows repeat
         their last write; an image with nothing to write rewrites a position whose token and context are final
         (it makes no more queries this round, so nothing it does here can change its image)."""
-        width = max(len(plan.writes) for plan in plans)
         idle = max(self.start - 1, 0)
-        rows = [list(plan.writes.items()) or [(idle, int(self.high[b, idle]))] for b, plan in enumerate(plans)]
-        rows = [row + [row[-1]] * (width - len(row)) for row in rows]
-        device = self.high.device
-        pos = torch.tensor([[p for p, _ in row] for row in rows], dtype=torch.long, device=device)
-        tok = torch.tensor([[x for _, x in row] for row in rows], dtype=torch.long, device=device)
+        rows = [[(p, x, plan.groups.get(p, -1)) for p, x in plan.writes.items()]
+                or [(idle, int(self.high[b, idle]), -1)] for b, plan in enumerate(plans)]
+        pos, tok, group = padded_writes(rows, self.high.device)
         jacobi = any(plan.groups for plan in plans)
-        group = torch.tensor([[plan.groups.get(p, -1) for p, _ in row] for plan, row in zip(plans, rows, strict=True)],
-                             dtype=torch.long, device=device) if jacobi else None
-        return warp(self.verifier(pos, tok, group), self.draws.warpers)
+        return warp(self.verifier(pos, tok, group if jacobi else None), self.draws.warpers)
 
     def _settle(self, plans: list[Plan], out: torch.Tensor) -> None:
         """What this forward decided: each query whose blockers all stood is final, kept (a grown or Jacobi draft

@@ -16,19 +16,12 @@ from __future__ import annotations
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
+from ..ar.backbone import padded_writes
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import pooled_mass, residual
 from .knobs import SDConfig
 from .trace import Trace
-
-
-def _padded(rows: list[list[tuple[int, int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-image (position, token) writes -> [B, n] tensors, shorter rows repeating their last write."""
-    width = max(len(r) for r in rows)
-    pos = torch.tensor([[p for p, _ in r + [r[-1]] * (width - len(r))] for r in rows], device=device)
-    tok = torch.tensor([[t for _, t in r + [r[-1]] * (width - len(r))] for r in rows], device=device)
-    return pos, tok
 
 
 @torch.no_grad()
@@ -95,8 +88,8 @@ class _SD:
                 else:
                     rows.append([])
             if any(rows):
-                pos, tok = _padded([r or [(max(n[b] - 1, 0), int(tokens[b, max(n[b] - 1, 0)]))]
-                                    for b, r in enumerate(rows)], device)
+                pos, tok = padded_writes([r or [(max(n[b] - 1, 0), int(tokens[b, max(n[b] - 1, 0)]))]
+                                          for b, r in enumerate(rows)], device)
                 logits = self.drafter(pos, tok)
                 last = torch.tensor([max(len(r) - 1, 0) for r in rows], device=device)
                 step_logits = logits[torch.arange(B), last][:, None]
@@ -120,7 +113,7 @@ class _SD:
         rows = [[(p, int(tokens[b, p])) for p in range(self.v_written[b], n[b])] +
                 [(n[b] + i, int(drafts[b, i])) for i in range(lengths[b])] for b in range(self.B)]
         rows = [r or [(N - 1, int(tokens[b, N - 1]))] for b, r in enumerate(rows)]  # a finished image: a no-op
-        pos, tok = _padded(rows, self.device)
+        pos, tok = padded_writes(rows, self.device)
         self.steps += 1
         return warp(self.verifier(pos, tok), self.warpers)
 
