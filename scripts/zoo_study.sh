@@ -56,13 +56,14 @@ if [[ ${1:-} == calibrate ]]; then  # seconds per training batch (bf16 autocast,
     OMP_NUM_THREADS=1 $PY - $arch <<'EOF'
 import sys, time, torch
 from mulosd.data.synthscenes import caption_text, sample_scene
+from mulosd.ar import TransformerConfig
+from mulosd.config.train import ARModelConfig, ScheduleConfig
 from mulosd.lit.ar import ARModule
 dim, layers, heads, multi = (int(x) for x in sys.argv[1:5])
-m = ARModule(transformer=dict(vocab_size=1024, grid=16, dim=dim, layers=layers, heads=heads, cond_dim=dim,
-                              grids=(8, 16) if multi else ()),
-             tokenizer="-", resolution=128, cond_dropout=0.1, sample={}, train={"seed": 0, "batches": 1},
-             optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1, "warmup_batches": 0},
-             resolutions=[64, 128] if multi else None)
+t = TransformerConfig(vocab_size=1024, grid=16, dim=dim, layers=layers, heads=heads, cond_dim=dim,
+                      grids=[8, 16] if multi else [])
+m = ARModule(ARModelConfig(transformer=t, tokenizer="-", resolution=128, train=ScheduleConfig(batches=1),
+                           resolutions=[64, 128] if multi else []))
 opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
 batch = {"tokens": {128: torch.randint(0, 1024, (32, 16, 16)), 64: torch.randint(0, 1024, (32, 8, 8))},
          "caption": [caption_text(sample_scene(0, i).prompt) for i in range(32)]}

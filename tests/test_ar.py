@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers, sample, warp
 from mulosd.ar.backbone import guidance_scale
 from mulosd.ar.noise import hash32, uniform
+from mulosd.config.train import ARModelConfig, AROptimConfig, SampleConfig, ScheduleConfig
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding.ar import decode_ar
@@ -375,11 +376,10 @@ def _module(grids=(), **levers):
     from mulosd.lit.ar import ARModule
 
     torch.manual_seed(0)
-    t = dict(vocab_size=48, grid=4, dim=32, layers=1, heads=2, cond_dim=16, grids=grids)
-    return ARModule(transformer=t, tokenizer="unused", resolution=32, cond_dropout=0.0,
-                    sample={"cfg_scale": 1.0, "temperature": 1.0, "top_k": 0, "top_p": 1.0},
-                    optim={"lr": 1e-3, "weight_decay": 0.05, "betas": [0.9, 0.95], "min_lr_ratio": 0.1,
-                           "warmup_batches": 0}, train={"seed": 0, "batches": 10}, **levers)
+    t = TransformerConfig(vocab_size=48, grid=4, dim=32, layers=1, heads=2, cond_dim=16, grids=list(grids))
+    return ARModule(ARModelConfig(transformer=t, tokenizer="unused", resolution=32, cond_dropout=0.0,
+                                  sample=SampleConfig(cfg_scale=1.0), optim=AROptimConfig(lr=1e-3, warmup_batches=0),
+                                  train=ScheduleConfig(seed=0, batches=10), **levers))
 
 
 def test_object_weight_is_a_weighted_mean_of_the_token_ces():
@@ -387,7 +387,7 @@ def test_object_weight_is_a_weighted_mean_of_the_token_ces():
     batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4))}, "caption": _captions(3),
              "objects": {32: torch.rand(3, 4, 4) < 0.3}}
     plain, weighted = _module(), _module(object_weight=5.0)
-    ce = plain.token_ce(batch, 32)
+    ce = plain.ce(batch, 32)
     assert torch.allclose(plain.loss(batch), ce.mean())
     w = torch.where(batch["objects"][32].flatten(1), 5.0, 1.0)
     assert torch.allclose(weighted.loss(batch), (w * ce).sum() / w.sum())  # same init: same per-token CE
@@ -486,7 +486,7 @@ def test_a_multi_resolution_module_averages_the_loss_over_its_grids():
     batch = {"tokens": {32: torch.randint(0, 48, (3, 4, 4)), 16: torch.randint(0, 48, (3, 2, 2))},
              "caption": _captions(3)}
     assert m.sizes == [16, 32]
-    ce16, ce32 = m.token_ce(batch, 16), m.token_ce(batch, 32)
+    ce16, ce32 = m.ce(batch, 16), m.ce(batch, 32)
     assert ce16.shape == (3, 4) and ce32.shape == (3, 16)
     assert torch.allclose(m.loss(batch), (ce16.mean() + ce32.mean()) / 2)
 
@@ -507,7 +507,7 @@ def test_compiled_training_gives_the_eager_loss_and_gradients_at_every_grid():
         grads.append((loss.detach(), [p.grad.clone() for p in m.model.parameters()]))
         assert len(m._compiled) == (2 if compiled else 0), "one compiled graph per grid, and only when asked"
         m.eval()  # validation runs eagerly
-        assert torch.allclose(m.token_ce(batch, 32), token_ce_eager(m, batch, 32))
+        assert torch.allclose(m.ce(batch, 32), ce_eager(m, batch, 32))
     (l0, g0), (l1, g1) = grads
     assert torch.allclose(l0, l1, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(g0, g1, strict=True))
@@ -533,11 +533,12 @@ def symbolic_sizes():
         torch._logging.set_logs()
 
 
-def token_ce_eager(m, batch, size):
-    from mulosd.lit.ar import token_ce
+def ce_eager(m, batch, size):
+    from mulosd.lit.ar import teacher_forced_ce
 
     grid = size // m.px_per_token
-    return token_ce(m.model.at_grid(grid), batch["tokens"][size].flatten(1), m.encoder(batch["caption"]), None)
+    return teacher_forced_ce(m.model.at_grid(grid), batch["tokens"][size].flatten(1), m.encoder(batch["caption"]),
+                             None)
 
 
 def test_a_new_cycle_starts_from_an_export_of_the_same_architecture(tmp_path, tiny_tokenizer):
@@ -547,9 +548,9 @@ def test_a_new_cycle_starts_from_an_export_of_the_same_architecture(tmp_path, ti
     ar = _export_ar(tmp_path / "ar32", tiny_tokenizer)
 
     def module(init_from, **arch):
-        t = dict(vocab_size=32, grid=4, dim=32, layers=1, heads=2, cond_dim=16) | arch
-        return ARModule(transformer=t, tokenizer=str(tiny_tokenizer), resolution=32, cond_dropout=0.0,
-                        sample={}, optim={}, train={"seed": 0}, ema=0.9, init_from=init_from)
+        t = TransformerConfig(**dict(vocab_size=32, grid=4, dim=32, layers=1, heads=2, cond_dim=16) | arch)
+        return ARModule(ARModelConfig(transformer=t, tokenizer=str(tiny_tokenizer), resolution=32, cond_dropout=0.0,
+                                      ema=0.9, init_from=init_from))
 
     model, enc, _ = load_ar(ar)
     m, fresh = module(str(ar)), module(None)

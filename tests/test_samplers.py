@@ -122,15 +122,15 @@ def test_a_stage_starts_only_from_a_sampler_with_its_base(tiny_tokenizer, tmp_pa
     assert torch.allclose(module.sampler.trunk[0].block[2].weight, stage1, atol=1e-3)  # exported in fp16
 
 
-def test_the_pixel_stages_token_ce_adds_stage_ones_loss_on_the_latents_cosines(tiny_tokenizer):
+def test_the_pixel_stages_ce_weight_adds_stage_ones_loss_on_the_latents_cosines(tiny_tokenizer):
     from mulosd.lit.sampler import CE_SCALE
     from mulosd.training import build_module
 
     overrides = ["experiment=upsampler_mse_lpips", f"model.tokenizer={tiny_tokenizer}", "model.width=16",
-                 "model.depth=1", "model.init_from=null", "model.base=none", "model.loss.token_ce=0"]
+                 "model.depth=1", "model.init_from=null", "model.base=none", "model.loss.ce_weight=0"]
     torch.manual_seed(0)
     module = build_module(compose_config("train", overrides).model)
-    weighted = build_module(compose_config("train", overrides + ["model.loss.token_ce=0.5"]).model)
+    weighted = build_module(compose_config("train", overrides + ["model.loss.ce_weight=0.5"]).model)
     weighted.sampler.load_state_dict(module.sampler.state_dict())
     low, high = torch.randint(0, 32, (2, 4, 4)), torch.randint(0, 32, (2, 8, 8))
     batch = {"image": torch.rand(2, 3, 64, 64) * 2 - 1}
@@ -141,11 +141,11 @@ def test_the_pixel_stages_token_ce_adds_stage_ones_loss_on_the_latents_cosines(t
     ce = torch.nn.functional.cross_entropy(CE_SCALE * torch.einsum("bdhw,vd->bvhw", zn, module.sampler.codebook),
                                            high)
     assert torch.allclose(wlogs["ce"], ce) and torch.allclose(total, plain + 0.5 * ce, atol=1e-5)
-    bad = compose_config("train", overrides + ["model.loss.token_ce=-1"]).model
+    bad = compose_config("train", overrides + ["model.loss.ce_weight=-1"]).model
     from mulosd.config import ConfigError
     from mulosd.config.train import validate_model
 
-    with pytest.raises(ConfigError, match="model.loss.token_ce"):
+    with pytest.raises(ConfigError, match="model.loss.ce_weight"):
         validate_model(bad)
 
 

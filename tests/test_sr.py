@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
+from mulosd.config.train import SamplerLossConfig, SamplerModelConfig
 from mulosd.samplers import PixelUpsampler
 from mulosd.samplers.sr import sr_network
 from mulosd.tokenizer import VQConfig, VQModel
@@ -141,9 +142,8 @@ def test_pixel_sr_starts_from_an_earlier_export(tmp_path, tokenizer_dir):
     torch.manual_seed(3)
     earlier = sr_network(2, 8, 2)
     save(earlier, "sr", tmp_path / "sr", recipe="test", config={"arch": "Compact", "r": 2, "width": 8, "depth": 2})
-    module = SamplerModule(kind="sr", r=2, tokenizer=str(tokenizer_dir), width=8, depth=2,
-                           init_from=str(tmp_path / "sr"),
-                           loss={"stage": "mse_lpips", "commitment": 0.25, "image": {"pixel": "mse", "gan": "none"}},
-                           optim={"lr": 1e-3, "d_lr": 1e-3, "betas": [0.5, 0.9]}, train={"batches": 1})
+    module = SamplerModule(SamplerModelConfig(kind="sr", r=2, tokenizer=str(tokenizer_dir), width=8, depth=2,
+                                              init_from=str(tmp_path / "sr"),
+                                              loss=SamplerLossConfig(stage="mse_lpips")))
     for key, value in earlier.state_dict().items():  # fp16 in the export
         torch.testing.assert_close(module.sampler.state_dict()[key], value, atol=1e-3, rtol=1e-3)

@@ -10,6 +10,7 @@ import logging
 import pickle
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -84,49 +85,49 @@ def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir:
 
 
 def build_module(model_cfg: DictConfig) -> L.LightningModule:
-    """The LightningModule for a validated `model` config, built from plain containers only."""
-    m = OmegaConf.to_container(validate_model(model_cfg), resolve=True)
-    if m["name"] == "tokenizer":
+    """The LightningModule for a validated `model` config, given it as its typed dataclass (config/train.py)."""
+    m = OmegaConf.to_object(validate_model(model_cfg))
+    if m.name == "tokenizer":
         from .lit.tokenizer import TokenizerModule
 
-        return TokenizerModule(vq=m["vq"], loss=m["loss"], optim=m["optim"], train=m["train"])
-    if m["name"] == "ar":
+        return TokenizerModule(m)
+    if m.name == "ar":
         from .data.synthscenes.encoder import SceneCaptionEncoder
         from .lit.ar import ARModule
         from .zoo import read_config
 
         try:
-            vq = read_config(m["tokenizer"])["config"]
+            vq = read_config(m.tokenizer)["config"]
         except FileNotFoundError as e:
             raise ConfigError("model.tokenizer", str(e)) from None
         f = 2 ** (len(vq["ch_mult"]) - 1)
-        for key, res in [("model.resolution", m["resolution"])] + [("model.resolutions", r) for r in m["resolutions"]]:
+        for key, res in [("model.resolution", m.resolution)] + [("model.resolutions", r) for r in m.resolutions]:
             if res % f:
                 raise ConfigError(key, f"{res} is not a multiple of the tokenizer's downsample factor {f}")
-        grids = sorted({r // f for r in m["resolutions"]}) if len(set(m["resolutions"])) > 1 else []
-        m["transformer"] |= {"vocab_size": vq["codebook_size"], "grid": m["resolution"] // f,
-                             "prefix": SceneCaptionEncoder.prefix, "grids": grids}
+        grids = sorted({r // f for r in m.resolutions}) if len(set(m.resolutions)) > 1 else []
+        m.transformer = replace(m.transformer, vocab_size=vq["codebook_size"], grid=m.resolution // f,
+                                prefix=SceneCaptionEncoder.prefix, grids=grids)
         try:
-            return ARModule(**{k: v for k, v in m.items() if k != "name"})
+            return ARModule(m)
         except (FileNotFoundError, ValueError) as e:  # init_from: missing, or another architecture or tokenizer
-            if not m["init_from"]:
+            if not m.init_from:
                 raise
             raise ConfigError("model.init_from", str(e)) from None
-    if m["name"] == "sampler":
+    if m.name == "sampler":
         from .lit.sampler import SamplerModule
         from .zoo import resolve, tokenizer_identity
 
         for key, find in (("tokenizer", tokenizer_identity), ("init_from", resolve)):
             try:
-                if m[key]:
-                    find(m[key])
+                if getattr(m, key):
+                    find(getattr(m, key))
             except FileNotFoundError as e:
                 raise ConfigError(f"model.{key}", str(e)) from None
         try:
-            return SamplerModule(**{k: v for k, v in m.items() if k != "name"})
+            return SamplerModule(m)
         except ValueError as e:  # a sampler to start from that was trained on another tokenizer
             raise ConfigError("model.init_from", str(e)) from None
-    raise ConfigError("model.name", f"unknown model {m['name']!r}")
+    raise ConfigError("model.name", f"unknown model {m.name!r}")
 
 
 class _BatchProgressBar(TQDMProgressBar):

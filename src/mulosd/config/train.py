@@ -193,7 +193,9 @@ class SamplerLossConfig:
 
     stage: str = "token_ce"
     commitment: float = 0.25  # pulls the continuous latents towards their codes (stages 2 and 3)
-    token_ce: float = 0.0  # stages 2 and 3: weight of stage 1's CE, the true code under the latent's cosines
+    # stages 2 and 3: the weight of stage 1's token CE (the true code under the latent's cosines) kept while the
+    # pixels are optimised: the pixel losses alone trade away the tokens the verifier tests
+    ce_weight: float = 0.05
     image: ImageLossConfig = field(default_factory=lambda: ImageLossConfig(pixel="mse", gan="none"))
 
 
@@ -291,7 +293,7 @@ def _validate_sampler(m: DictConfig) -> DictConfig:
     require(0 <= m.optim.decay_batches <= m.train.batches, "model.optim.decay_batches",
             f"must be in [0, model.train.batches={m.train.batches}]")
     require(m.loss.commitment >= 0, "model.loss.commitment", "must be >= 0")
-    require(m.loss.token_ce >= 0, "model.loss.token_ce", "must be >= 0")
+    require(m.loss.ce_weight >= 0, "model.loss.ce_weight", "must be >= 0")
     one_of(m.loss.image.gan, ("hinge", "nonsaturating", "none"), "model.loss.image.gan")
     return m
 

@@ -27,7 +27,7 @@ class AdversarialSteps:
             return None
         opt_g.zero_grad(set_to_none=True)
         self.manual_backward(g_loss)
-        self.clip_gradients(opt_g, gradient_clip_val=self.optim["clip_g"], gradient_clip_algorithm="norm")
+        self.clip_gradients(opt_g, gradient_clip_val=self.cfg.optim.clip_g, gradient_clip_algorithm="norm")
         opt_g.step()
         opt_d.zero_grad(set_to_none=True)
         clean, logs = True, {}
@@ -36,7 +36,7 @@ class AdversarialSteps:
             clean = not self.guard.nonfinite("discriminator loss", d_loss, n)
             if clean:
                 self.manual_backward(d_loss)
-                self.clip_gradients(opt_d, gradient_clip_val=self.optim["clip_d"], gradient_clip_algorithm="norm")
+                self.clip_gradients(opt_d, gradient_clip_val=self.cfg.optim.clip_d, gradient_clip_algorithm="norm")
                 logs = d_logs
         opt_d.step()  # a no-op without gradients (before the warm-up, or skipped)
         if clean:

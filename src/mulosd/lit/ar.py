@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning as L
@@ -27,6 +28,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from ..ar import ARBackbone, Transformer, TransformerConfig, Warpers
+from ..config.train import ARModelConfig
 from ..data.synthscenes import judge, parse_caption
 from ..data.synthscenes.encoder import SceneCaptionEncoder
 from ..tokenizer import tokens_to_images
@@ -35,12 +37,11 @@ from .guards import NonFiniteGuard
 from .resume import assert_finite, rng_state, set_rng_state
 
 
-def build_ar(transformer: dict) -> tuple[Transformer, SceneCaptionEncoder]:
-    cfg = TransformerConfig(**transformer)
+def build_ar(cfg: TransformerConfig) -> tuple[Transformer, SceneCaptionEncoder]:
     return Transformer(cfg), SceneCaptionEncoder(cfg.cond_dim)
 
 
-def token_ce(model: Transformer, tokens: torch.Tensor, cond: torch.Tensor, drop: torch.Tensor | None
+def teacher_forced_ce(model: Transformer, tokens: torch.Tensor, cond: torch.Tensor, drop: torch.Tensor | None
              ) -> torch.Tensor:
     """Per-token CE [B, N] of teacher-forced sequences tokens [B, N] under condition features cond."""
     logits = model(tokens, cond, drop)
@@ -50,27 +51,26 @@ def token_ce(model: Transformer, tokens: torch.Tensor, cond: torch.Tensor, drop:
 class ARModule(L.LightningModule):
     optimizer_steps_per_batch = 1
 
-    def __init__(self, transformer: dict, tokenizer: str, resolution: int, cond_dropout: float, sample: dict,
-                 optim: dict, train: dict, object_weight: float = 1.0, ema: float = 0.0,
-                 resolutions: list[int] | None = None, compile: bool = False, init_from: str | None = None,
-                 export_weights: str = "ema"):
+    def __init__(self, cfg: ARModelConfig):
+        """cfg.transformer carries the derived vocab_size, grid, prefix and grids (training.build_module)."""
         super().__init__()
-        self.save_hyperparameters()  # plain containers only
-        self.model, self.encoder = build_ar(transformer)
-        if init_from:
-            self._init_from(init_from)
+        self.save_hyperparameters(asdict(cfg))  # plain containers: checkpoints load with weights_only=True
+        self.cfg = cfg
+        self.model, self.encoder = build_ar(cfg.transformer)
+        if cfg.init_from:
+            self._init_from(cfg.init_from)
         # the averaged copy of both (the encoder's embeddings are trained too); never optimised
-        self.ema = ModelEmaV3(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), decay=ema) if ema else None
+        self.ema = (ModelEmaV3(nn.ModuleDict({"model": self.model, "encoder": self.encoder}), decay=cfg.ema)
+                    if cfg.ema else None)
         if self.ema is not None:
             self.ema.requires_grad_(False)
-        self.optim, self.train_cfg = optim, train
         self.batches_seen = 0
-        self.drop_rng = torch.Generator().manual_seed(int(train["seed"]))
+        self.drop_rng = torch.Generator().manual_seed(cfg.train.seed)
         self.guard = NonFiniteGuard()
-        self.sizes = sorted(set(resolutions or []) | {resolution})
+        self.sizes = sorted(set(cfg.resolutions) | {cfg.resolution})
         # wall-clock of training, summed over a resumed run's segments (the export records it)
         self.train_seconds, self._segment = 0.0, None
-        self.px_per_token = resolution // self.model.cfg.grid
+        self.px_per_token = cfg.resolution // self.model.cfg.grid
         self._compiled: dict[int, object] = {}  # grid -> the compiled training CE of the model at that grid
 
     def _init_from(self, name: str) -> None:
@@ -80,7 +80,7 @@ class ARModule(L.LightningModule):
         from ..zoo import check_same_tokenizer, load_ar
 
         other, encoder, meta = load_ar(name)
-        check_same_tokenizer(meta, self.hparams["tokenizer"], f"model.init_from {name!r}")
+        check_same_tokenizer(meta, self.cfg.tokenizer, f"model.init_from {name!r}")
         try:
             self.model.load_grown(other)
         except ValueError as e:
@@ -88,42 +88,42 @@ class ARModule(L.LightningModule):
         self.encoder.load_state_dict(encoder.state_dict())
 
     def configure_optimizers(self):
-        o = self.optim
+        o = self.cfg.optim
         params = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         decay = [p for n, p in params if p.dim() >= 2 and "null_cond" not in n]
         no_decay = [p for n, p in params if p.dim() < 2 or "null_cond" in n]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=o["lr"], betas=tuple(o["betas"]))
-        self.schedule = CosineLRScheduler(opt, t_initial=int(self.train_cfg["batches"]),
-                                          lr_min=o["lr"] * o["min_lr_ratio"], warmup_t=o["warmup_batches"],
-                                          warmup_lr_init=o["lr"] * 0.01, t_in_epochs=False)
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": o.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=o.lr, betas=tuple(o.betas))
+        self.schedule = CosineLRScheduler(opt, t_initial=self.cfg.train.batches, lr_min=o.lr * o.min_lr_ratio,
+                                          warmup_t=o.warmup_batches, warmup_lr_init=o.lr * 0.01, t_in_epochs=False)
         return opt
 
-    def token_ce(self, batch: dict, size: int, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
+    def ce(self, batch: dict, size: int, drop: torch.Tensor | None = None, ema: bool = False) -> torch.Tensor:
         """Per-token CE [B, N] of the teacher-forced sequences at `size` px (with the EMA weights if asked)."""
         nets = self.ema.module if ema else {"model": self.model, "encoder": self.encoder}
         tokens, grid = batch["tokens"][size].flatten(1), size // self.px_per_token
         cond = nets["encoder"](batch["caption"])
-        if self.hparams["compile"] and self.training and not ema:
+        if self.cfg.compile and self.training and not ema:
             return self._compiled_ce(grid)(tokens, cond, drop)
-        return token_ce(nets["model"].at_grid(grid), tokens, cond, drop)
+        return teacher_forced_ce(nets["model"].at_grid(grid), tokens, cond, drop)
 
     def _compiled_ce(self, grid: int):
         # one view per grid, kept: a fresh `at_grid` view on every call would fail dynamo's guards and recompile.
         # Static shapes: every grid traces the same code, so dynamo's default would make the second grid's
         # sequence length symbolic, and inductor's CUDA backward of that graph fails (a bf16 run on an H200)
         if grid not in self._compiled:
-            self._compiled[grid] = torch.compile(functools.partial(token_ce, self.model.at_grid(grid)), dynamic=False)
+            self._compiled[grid] = torch.compile(functools.partial(teacher_forced_ce, self.model.at_grid(grid)),
+                                                dynamic=False)
         return self._compiled[grid]
 
     def loss(self, batch: dict, drop: torch.Tensor | None = None) -> torch.Tensor:
         """The (object-weighted) mean token CE, averaged over the model's grids."""
-        w = self.hparams["object_weight"]
+        w = self.cfg.object_weight
         if w != 1.0 and "objects" not in batch:
             raise ValueError("model.object_weight needs object masks, which only SynthScenes shards carry")
         losses = []
         for size in self.sizes:
-            ce = self.token_ce(batch, size, drop)
+            ce = self.ce(batch, size, drop)
             if w == 1.0:
                 losses.append(ce.mean())
                 continue
@@ -133,7 +133,7 @@ class ARModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         dm = self.trainer.datamodule
-        if self.hparams["object_weight"] != 1.0 and not getattr(dm, "has_objects", False):
+        if self.cfg.object_weight != 1.0 and not getattr(dm, "has_objects", False):
             from ..config import ConfigError
 
             raise ConfigError("model.object_weight", "needs object masks, which only SynthScenes shards carry "
@@ -141,7 +141,7 @@ class ARModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx):
         self.schedule.step_update(self.batches_seen)
-        drop = torch.rand(len(batch["caption"]), generator=self.drop_rng) < self.hparams["cond_dropout"]
+        drop = torch.rand(len(batch["caption"]), generator=self.drop_rng) < self.cfg.cond_dropout
         loss = self.loss(batch, drop.to(self.device))
         self.batches_seen += 1
         if self.guard.nonfinite("loss", loss, self.batches_seen):
@@ -153,7 +153,7 @@ class ARModule(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer):
-        self.clip_gradients(optimizer, gradient_clip_val=self.optim["clip"], gradient_clip_algorithm="norm")
+        self.clip_gradients(optimizer, gradient_clip_val=self.cfg.optim.clip, gradient_clip_algorithm="norm")
 
     def optimizer_step(self, *args, **kwargs):
         super().optimizer_step(*args, **kwargs)  # runs training_step through the closure
@@ -171,11 +171,11 @@ class ARModule(L.LightningModule):
     def validation_step(self, batch, batch_idx):
         n = len(batch["caption"])
         for size in self.sizes:  # val/ce is the default resolution's; other grids carry their size
-            tag = "" if size == self.hparams["resolution"] else f"_{size}px"
-            ce = self.token_ce(batch, size, ema=self.ema is not None)
+            tag = "" if size == self.cfg.resolution else f"_{size}px"
+            ce = self.ce(batch, size, ema=self.ema is not None)
             self.log(f"val/ce{tag}", ce.mean(), batch_size=n)
             if self.ema is not None:  # the raw weights beside their average: what the EMA buys, measured
-                self.log(f"val/ce_raw{tag}", self.token_ce(batch, size).mean(), batch_size=n)
+                self.log(f"val/ce_raw{tag}", self.ce(batch, size).mean(), batch_size=n)
             if "objects" in batch:
                 obj = batch["objects"][size].flatten(1)
                 # per-batch means over object / background tokens (batches are large enough to hold both)
@@ -193,7 +193,7 @@ class ARModule(L.LightningModule):
 
     @property
     def uses_ema(self) -> bool:
-        return self.ema is not None and self.hparams["export_weights"] == "ema"
+        return self.ema is not None and self.cfg.export_weights == "ema"
 
     @torch.no_grad()
     def _log_samples(self, captions: list[str]) -> None:
@@ -201,10 +201,10 @@ class ARModule(L.LightningModule):
         from ..decoding.ar import decode_ar
         from ..zoo import load_tokenizer
 
-        s = self.hparams["sample"]
-        tokenizer = load_tokenizer(self.hparams["tokenizer"], device=self.device)
-        backbone = ARBackbone(*self.weights(), cfg_scale=s["cfg_scale"], cfg_schedule=s.get("cfg_schedule", "constant"))
-        tokens, _ = decode_ar(backbone, captions, seed=0, warpers=Warpers(s["temperature"], s["top_k"], s["top_p"]))
+        s = self.cfg.sample
+        tokenizer = load_tokenizer(self.cfg.tokenizer, device=self.device)
+        backbone = ARBackbone(*self.weights(), cfg_scale=s.cfg_scale, cfg_schedule=s.cfg_schedule)
+        tokens, _ = decode_ar(backbone, captions, seed=0, warpers=Warpers(s.temperature, s.top_k, s.top_p))
         images = tokens_to_images(tokenizer, tokens)
         ok = [judge(im, parse_caption(c)).geneval for im, c in zip(images, captions, strict=True)]
         self.log("val/geneval_samples", float(np.mean(ok)), batch_size=len(ok))
@@ -242,19 +242,19 @@ class ARModule(L.LightningModule):
     def datamodule(self, shards, cfg):
         from .tokens import TokenDataModule
 
-        return TokenDataModule(shards, self.hparams["tokenizer"], self.sizes,
-                               batch_size=cfg.data.batch_size, seed=int(self.train_cfg["seed"]),
-                               val_batches=int(self.train_cfg["val_batches"]), cache_dir=cfg.data.token_cache)
+        return TokenDataModule(shards, self.cfg.tokenizer, self.sizes, batch_size=cfg.data.batch_size,
+                               seed=self.cfg.train.seed, val_batches=self.cfg.train.val_batches,
+                               cache_dir=cfg.data.token_cache)
 
     def export(self, out_dir, recipe: str):
         from ..zoo import save_ar, tokenizer_digest, tokenizer_identity
 
-        h = self.hparams
+        c = self.cfg
         model, encoder = self.weights()
-        return save_ar(model, encoder, out_dir, recipe, tokenizer=h["tokenizer"],
-                       tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])),
-                       resolution=h["resolution"], batches=self.batches_seen, sample=dict(h["sample"]),
-                       object_weight=h["object_weight"], ema=h["ema"], resolutions=self.sizes,
+        return save_ar(model, encoder, out_dir, recipe, tokenizer=c.tokenizer,
+                       tokenizer_sha256=tokenizer_digest(tokenizer_identity(c.tokenizer)),
+                       resolution=c.resolution, batches=self.batches_seen, sample=asdict(c.sample),
+                       object_weight=c.object_weight, ema=c.ema, resolutions=self.sizes,
                        weights="ema" if self.uses_ema else "raw",
                        trained_on=_hardware(self.device), train_hours=round(self.trained_seconds() / 3600, 3))
 

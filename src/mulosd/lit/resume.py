@@ -81,12 +81,13 @@ def consumed_sequence(path: Path) -> list[list[str]]:
     return [by_batch[b] for b in sorted(by_batch)]
 
 
-def set_stable_then_decay_lr(optimizers, optim: dict, batches: int, batches_seen: int) -> float:
-    """Constant lr, then linear decay to 0 over the last `optim['decay_batches']` of `batches`: a pure function
-    of the batch counter, so a resumed run needs no scheduler state. Sets G's `lr` and D's `d_lr`."""
-    decay = int(optim.get("decay_batches", 0))
+def set_stable_then_decay_lr(optimizers, optim, batches: int, batches_seen: int) -> float:
+    """Constant lr, then linear decay to 0 over the last `optim.decay_batches` of `batches` (optim: the typed
+    config.train.OptimConfig): a pure function of the batch counter, so a resumed run needs no scheduler state.
+    Sets G's `lr` and D's `d_lr`."""
+    decay = optim.decay_batches
     factor = min(1.0, max(0.0, (batches - batches_seen) / decay)) if decay > 0 else 1.0
     for opt, key in zip(optimizers, ("lr", "d_lr"), strict=True):
         for group in opt.param_groups:
-            group["lr"] = optim[key] * factor
+            group["lr"] = getattr(optim, key) * factor
     return factor

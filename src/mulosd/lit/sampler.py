@@ -19,6 +19,7 @@ module, so Lightning's global_step is always 2 x batches.
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import lightning as L
@@ -26,9 +27,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..config.train import SamplerModelConfig
 from ..data.images import to_image
 from ..eval.pixels import psnr
-from ..losses import ImageLoss, ImageLossConfig
+from ..losses import ImageLoss
 from ..samplers import PixelUpsampler, build_sampler, head_for
 from ..samplers.latent import nearest_code
 from ..samplers.sr import forward_pm1, last_layer, sr_network
@@ -46,30 +48,29 @@ CE_SCALE = 10.0  # cosine -> logit for the pixel stages' token CE (the based log
 class SamplerModule(AdversarialSteps, L.LightningModule):
     optimizer_steps_per_batch = 2
 
-    def __init__(self, kind: str, r: int, tokenizer: str, width: int, depth: int, init_from: str | None,
-                 loss: dict, optim: dict, train: dict, base: str = "none"):
+    def __init__(self, cfg: SamplerModelConfig):
         super().__init__()
-        self.save_hyperparameters()  # plain containers only
+        self.save_hyperparameters(asdict(cfg))  # plain containers: checkpoints load with weights_only=True
         from ..zoo import load_tokenizer
 
+        self.cfg = cfg
         # the frozen tokenizer is not a submodule: it is not trained, not checkpointed, not exported
-        object.__setattr__(self, "tokenizer", load_tokenizer(tokenizer))
-        self.kind, self.r, self.stage = kind, r, loss["stage"]
-        if kind == "sr":
-            self.sampler = sr_network(r, width, depth)
+        object.__setattr__(self, "tokenizer", load_tokenizer(cfg.tokenizer))
+        self.kind, self.r, self.stage = cfg.kind, cfg.r, cfg.loss.stage
+        if cfg.kind == "sr":
+            self.sampler = sr_network(cfg.r, cfg.width, cfg.depth)
         else:
-            self.sampler = build_sampler({"kind": kind, "r": r, "width": width, "depth": depth, "base": base,
-                                          "head": head_for(self.stage)}, self.tokenizer.codebook())
-            if kind == "up":
+            self.sampler = build_sampler({"kind": cfg.kind, "r": cfg.r, "width": cfg.width, "depth": cfg.depth,
+                                          "base": cfg.base, "head": head_for(self.stage)}, self.tokenizer.codebook())
+            if cfg.kind == "up":
                 self.sampler.use_tokenizer(self.tokenizer)
-        image_loss = dict(loss["image"]) | ({"gan": "none"} if self.stage != "gan" else {})
-        self.image_loss = ImageLoss(ImageLossConfig(**image_loss)) if self.pixel_stage else None
-        self.optim, self.train_cfg = optim, train
+        image_loss = replace(cfg.loss.image, gan="none") if self.stage != "gan" else cfg.loss.image
+        self.image_loss = ImageLoss(image_loss) if self.pixel_stage else None
         self.automatic_optimization = False
         self.batches_seen = 0
         self.guard = NonFiniteGuard()
-        if init_from:
-            self._init_from(init_from)
+        if cfg.init_from:
+            self._init_from(cfg.init_from)
 
     @property
     def pixel_stage(self) -> bool:
@@ -83,7 +84,7 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         if self.kind == "sr":
             theirs = load_sr(name, self.r).descriptor.model.state_dict()
         else:
-            earlier = load_sampler(name, tokenizer=self.hparams["tokenizer"])[0]
+            earlier = load_sampler(name, tokenizer=self.cfg.tokenizer)[0]
             bases = [getattr(m, "base", "none") for m in (earlier, self.sampler)]
             if bases[0] != bases[1]:  # a correction of one base is not a correction of another
                 raise ValueError(f"{name} was trained with base={bases[0]}; this run has model.base={bases[1]}")
@@ -97,11 +98,11 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         self.tokenizer.to(self.device)
 
     def configure_optimizers(self):
-        o = self.optim
-        g = torch.optim.Adam(self.sampler.parameters(), lr=o["lr"], betas=tuple(o["betas"]))
+        o = self.cfg.optim
+        g = torch.optim.Adam(self.sampler.parameters(), lr=o.lr, betas=tuple(o.betas))
         uses_gan = self.image_loss is not None and self.image_loss.uses_gan
         d_params = self.image_loss.discriminator.parameters() if uses_gan else [torch.zeros(1, requires_grad=True)]
-        d = torch.optim.Adam(d_params, lr=o["d_lr"], betas=tuple(o["betas"]))
+        d = torch.optim.Adam(d_params, lr=o.d_lr, betas=tuple(o.betas))
         return [g, d]
 
     @torch.no_grad()
@@ -141,16 +142,16 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         loss, logs = self.image_loss.generator_loss([batch["image"]], [fake], self.sampler.last_layer(),
                                                     self.batches_seen)
         commit = F.mse_loss(zn, q.detach())
-        loss = loss + self.hparams["loss"]["commitment"] * commit
+        loss = loss + self.cfg.loss.commitment * commit
         logs.update(commit=commit.detach(), acc=(idx == high).float().mean())
-        if self.hparams["loss"].get("token_ce"):  # keeps stage 1's token agreement while pixels are optimised
+        if self.cfg.loss.ce_weight:  # keeps stage 1's token agreement while pixels are optimised
             ce = F.cross_entropy(CE_SCALE * torch.einsum("bdhw,vd->bvhw", zn, self.sampler.codebook), high)
-            loss = loss + self.hparams["loss"]["token_ce"] * ce
+            loss = loss + self.cfg.loss.ce_weight * ce
             logs["ce"] = ce.detach()
         return loss, logs, fake
 
     def training_step(self, batch, batch_idx):
-        set_stable_then_decay_lr(self.optimizers(), self.optim, int(self.train_cfg["batches"]), self.batches_seen)
+        set_stable_then_decay_lr(self.optimizers(), self.cfg.optim, self.cfg.train.batches, self.batches_seen)
         n = self.batches_seen + 1
         if self.guard.nonfinite("data", batch_images(batch), n):
             return self.skip_step()
@@ -217,11 +218,11 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
     def export(self, out_dir, recipe: str):
         from ..zoo import save, tokenizer_digest, tokenizer_identity
 
-        h = self.hparams
+        c = self.cfg
         if self.kind == "sr":  # spandrel reads the architecture from the weights; the config says what it is
             return save(self.sampler, "sr", out_dir, recipe, config={"arch": "Compact", "r": self.r,
-                        "width": h["width"], "depth": h["depth"]}, stage=self.stage, tokenizer=h["tokenizer"],
-                        batches=self.batches_seen, loss=dict(h["loss"]))
-        return save(self.sampler, "sampler", out_dir, recipe, stage=self.stage, tokenizer=h["tokenizer"],
-                    tokenizer_sha256=tokenizer_digest(tokenizer_identity(h["tokenizer"])), batches=self.batches_seen,
-                    loss=dict(h["loss"]))
+                        "width": c.width, "depth": c.depth}, stage=self.stage, tokenizer=c.tokenizer,
+                        batches=self.batches_seen, loss=asdict(c.loss))
+        return save(self.sampler, "sampler", out_dir, recipe, stage=self.stage, tokenizer=c.tokenizer,
+                    tokenizer_sha256=tokenizer_digest(tokenizer_identity(c.tokenizer)), batches=self.batches_seen,
+                    loss=asdict(c.loss))

@@ -8,17 +8,19 @@ RNG (touched by Lightning when it builds loaders) cannot change what a resumed r
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning as L
 import numpy as np
 import torch
 
+from ..config.train import TokenizerModelConfig
 from ..data.images import to_image
 from ..eval.pixels import psnr
-from ..losses import ImageLoss, ImageLossConfig
+from ..losses import ImageLoss
 from ..losses.image_loss import LPIPS_MIN_SIZE
-from ..tokenizer import VQConfig, VQModel
+from ..tokenizer import VQModel
 from ..viz import captioned_grid
 from .adversarial import AdversarialSteps
 from .guards import NonFiniteGuard, batch_images
@@ -26,15 +28,15 @@ from .resume import assert_finite, rng_state, set_rng_state, set_stable_then_dec
 
 
 class TokenizerModule(AdversarialSteps, L.LightningModule):
-    def __init__(self, vq: dict, loss: dict, optim: dict, train: dict):
+    def __init__(self, cfg: TokenizerModelConfig):
         super().__init__()
-        self.save_hyperparameters()  # plain dicts only: checkpoints load with weights_only=True
-        self.model = VQModel(VQConfig(**vq))
-        self.loss = ImageLoss(ImageLossConfig(**loss))
-        self.optim, self.train_cfg = optim, train
+        self.save_hyperparameters(asdict(cfg))  # plain containers: checkpoints load with weights_only=True
+        self.cfg = cfg
+        self.model = VQModel(cfg.vq)
+        self.loss = ImageLoss(cfg.loss)
         self.automatic_optimization = False
         self.batches_seen = 0
-        self.crop_rng = torch.Generator().manual_seed(int(train["seed"]))
+        self.crop_rng = torch.Generator().manual_seed(cfg.train.seed)
         self.guard = NonFiniteGuard()
 
     # one optimizer step each for G and D per batch, even before the GAN warm-up, so that Lightning's
@@ -42,15 +44,15 @@ class TokenizerModule(AdversarialSteps, L.LightningModule):
     optimizer_steps_per_batch = 2
 
     def configure_optimizers(self):
-        o = self.optim
-        g = torch.optim.Adam(self.model.parameters(), lr=o["lr"], betas=tuple(o["betas"]))
+        o = self.cfg.optim
+        g = torch.optim.Adam(self.model.parameters(), lr=o.lr, betas=tuple(o.betas))
         d_params = self.loss.discriminator.parameters() if self.loss.uses_gan else [torch.zeros(1, requires_grad=True)]
-        d = torch.optim.Adam(d_params, lr=o["d_lr"], betas=tuple(o["betas"]))
+        d = torch.optim.Adam(d_params, lr=o.d_lr, betas=tuple(o.betas))
         return [g, d]
 
     def views(self, batch: dict) -> list[torch.Tensor]:
         image = batch["image"]
-        crop = int(self.train_cfg["crop"])
+        crop = self.cfg.train.crop
         size = image.shape[-1]
         if crop < size:
             top, left = (int(v) for v in torch.randint(0, size - crop + 1, (2,), generator=self.crop_rng))
@@ -58,7 +60,7 @@ class TokenizerModule(AdversarialSteps, L.LightningModule):
         return [image] + [batch["low"][r] for r in sorted(batch["low"])]
 
     def training_step(self, batch, batch_idx):
-        factor = set_stable_then_decay_lr(self.optimizers(), self.optim, int(self.train_cfg["batches"]),
+        factor = set_stable_then_decay_lr(self.optimizers(), self.cfg.optim, self.cfg.train.batches,
                                           self.batches_seen)
         n = self.batches_seen + 1
         reals = self.views(batch)  # before the data check: the crop generator advances on every batch
@@ -134,4 +136,4 @@ class TokenizerModule(AdversarialSteps, L.LightningModule):
         from ..zoo import save
 
         return save(self.model, "vq_tokenizer", out_dir, recipe,
-                    batches=self.batches_seen, loss=dict(self.hparams["loss"]))
+                    batches=self.batches_seen, loss=asdict(self.cfg.loss))
