@@ -594,6 +594,32 @@ def test_growing_in_depth_keeps_the_function_and_trains_every_block(layers):
         make(2, 0).load_grown(make(3, 0))
 
 
+def test_growing_in_grids_keeps_the_function_on_the_old_grids_and_starts_a_new_one_at_the_nearest():
+    """The zoo v3 path: a model over the 64 / 128 px grids grown into one over 64 / 128 / 256 px predicts exactly
+    what it predicted on the old grids, and the new grid's resolution embedding starts as 128 px's; a single-grid
+    model grows into a multi-resolution one with zero embeddings (its function unchanged on its own grid)."""
+    def make(grids, seed, grid=4):
+        torch.manual_seed(seed)
+        return Transformer(TransformerConfig(vocab_size=32, grid=grid, grids=grids, dim=32, layers=2, heads=2,
+                                             cond_dim=16))
+
+    old, new = make((2, 4), 0), make((2, 4, 8), 1)
+    new.load_grown(old)
+    tokens, cond = torch.randint(0, 32, (3, 16)), torch.randn(3, 4, 16)
+    torch.testing.assert_close(new(tokens, cond), old(tokens, cond))
+    torch.testing.assert_close(new.at_grid(2)(tokens[:, :4], cond), old.at_grid(2)(tokens[:, :4], cond))
+    assert torch.equal(new.res_emb.weight[2], old.res_emb.weight[1])  # 8 starts as 4, its nearest
+    assert new.at_grid(8)(torch.randint(0, 32, (1, 64)), cond[:1]).shape == (1, 64, 32)
+    single, multi = make((), 2), make((2, 4), 3)
+    multi.load_grown(single)
+    assert not multi.res_emb.weight.any()
+    torch.testing.assert_close(multi(tokens, cond), single(tokens, cond))
+    with pytest.raises(ValueError, match=r"grids: \(2, 4, 8\) there, \(2, 4\) here \(they can only grow\)"):
+        make((2, 4), 0).load_grown(make((2, 4, 8), 0))
+    with pytest.raises(ValueError, match="grids: "):
+        make((), 0).load_grown(make((2, 4), 0))
+
+
 def test_training_time_adds_up_over_a_resumed_run(monkeypatch):
     import mulosd.lit.ar as lit
 

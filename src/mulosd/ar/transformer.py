@@ -202,26 +202,44 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def load_grown(self, other: Transformer) -> None:
-        """Copy every tensor of `other`, a model of this architecture with as many or fewer layers, so that this
-        model computes what `other` computes. Growing in depth, each block of `other` is copied into a run of
-        consecutive blocks (the runs as even as the counts allow); the copies after the first start with their
-        residual output projections at zero, which makes them the identity until training moves them, while
-        their inputs' weights start where the trained block's are rather than from noise."""
-        theirs, ours = ({k: v for k, v in m.to_config().items() if k not in ("grid", "layers")} for m in (other, self))
-        if theirs != ours or other.cfg.layers > self.cfg.layers:
-            changed = [f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]]
-            if other.cfg.layers > self.cfg.layers:
-                changed.append(f"layers: {other.cfg.layers} there, {self.cfg.layers} here (it can only grow)")
+        """Copy every tensor of `other`, a model of this architecture with as many or fewer layers and as many or
+        fewer grids, so that this model computes what `other` computes on every grid `other` has. Growing in
+        depth, each block of `other` is copied into a run of consecutive blocks (the runs as even as the counts
+        allow); the copies after the first start with their residual output projections at zero, which makes
+        them the identity until training moves them, while their inputs' weights start where the trained
+        block's are rather than from noise. Growing in grids (a multi-resolution model from one over fewer
+        grids, or from a single-grid model), a new grid's resolution embedding starts as the nearest old grid's
+        (zero from a single-grid model, which has none): the new view starts as the model at its nearest size."""
+        skip = ("grid", "grids", "layers")
+        theirs, ours = ({k: v for k, v in m.to_config().items() if k not in skip} for m in (other, self))
+        changed = [f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]]
+        if other.cfg.layers > self.cfg.layers:
+            changed.append(f"layers: {other.cfg.layers} there, {self.cfg.layers} here (it can only grow)")
+        their_grids = other.cfg.grids or (other.cfg.grid,)
+        if self.cfg.grids and not set(their_grids) <= set(self.cfg.grids) or not self.cfg.grids and other.cfg.grids:
+            changed.append(f"grids: {their_grids} there, {self.cfg.grids or (self.cfg.grid,)} here (they can only "
+                           "grow)")
+        if changed:
             raise ValueError(f"another architecture ({', '.join(changed)})")
         src = [j * other.cfg.layers // self.cfg.layers for j in range(self.cfg.layers)]
-        state = {k: v for k, v in other.state_dict().items() if not k.startswith("blocks.")}
+        state = {k: v for k, v in other.state_dict().items() if not k.startswith(("blocks.", "res_emb."))}
         for j, i in enumerate(src):
             state |= {f"blocks.{j}.{k}": v for k, v in other.blocks[i].state_dict().items()}
+        if self.res_emb is not None:
+            state["res_emb.weight"] = torch.stack([self._grown_res_emb(other, g) for g in self.cfg.grids])
         self.load_state_dict(state)
         for j in range(1, self.cfg.layers):
             if src[j] == src[j - 1]:
                 self.blocks[j].attn.out.weight.zero_()
                 self.blocks[j].mlp.down.weight.zero_()
+
+    def _grown_res_emb(self, other: Transformer, grid: int) -> torch.Tensor:
+        """Grid `grid`'s resolution embedding taken from `other`: its own row, else the row of other's nearest
+        grid (by ratio; the larger on a tie), or zero where `other` has no resolution embedding."""
+        if other.res_emb is None:
+            return torch.zeros(self.cfg.dim, dtype=self.res_emb.weight.dtype)
+        nearest = min(other.cfg.grids, key=lambda g: (abs(math.log(g / grid)), -g))
+        return other.res_emb.weight[other.cfg.grids.index(nearest)].detach()
 
     def at_grid(self, grid: int) -> Transformer:
         """This multi-resolution model at another of its grids: shares every parameter, own positions."""
