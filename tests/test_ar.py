@@ -2,6 +2,7 @@
 noise, classifier-free guidance, warpers, caption conditioning, and the zoo_ar recipes."""
 
 import contextlib
+import re
 import subprocess
 import sys
 from unittest import mock
@@ -315,6 +316,16 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert main(["--n", "3", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer),
                  "--cfg-scale", "7", "--cfg-schedule", "linear", "--prompt-seed", "777"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[3].split("|")[5].strip() == "7.0 linear"
+
+
+def test_the_report_measures_each_size_of_a_multi_resolution_model_or_only_the_ones_asked(tiny_zoo, capsys):
+    from mulosd.reports.ar import main
+
+    common = ["--n", "2", "--batch", "2", "--models", str(tiny_zoo / "multi"), "--tokenizer", str(tiny_zoo / "tok")]
+    assert main(common) == 0
+    assert re.match(r"ar: geneval64=\d\.\d{3} geneval128=\d\.\d{3} ", capsys.readouterr().out.splitlines()[-1])
+    assert main([*common, "--sizes", "128"]) == 0
+    assert re.match(r"ar: geneval128=\d\.\d{3} ms_per_token128=", capsys.readouterr().out.splitlines()[-1])
 
 
 @pytest.mark.slow

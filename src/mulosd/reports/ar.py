@@ -82,6 +82,8 @@ def main(argv=None) -> int:
                     help="instead of each model's recorded guidance schedule (linear: 1 -> 2 CFG - 1 along the raster)")
     ap.add_argument("--temperature", type=float, help="instead of each model's recorded temperature")
     ap.add_argument("--top-k", type=int, help="instead of each model's recorded top-k")
+    ap.add_argument("--sizes", type=int, nargs="+", metavar="PX",
+                    help="only these image sizes of each model (a multi-resolution model's others are skipped)")
     args = ap.parse_args(argv)
     sample = {k: v for k, v in (("cfg_scale", args.cfg_scale), ("cfg_schedule", args.cfg_schedule),
                                 ("temperature", args.temperature), ("top_k", args.top_k)) if v is not None}
@@ -96,7 +98,7 @@ def main(argv=None) -> int:
         try:
             meta = read_config(name)
             sizes = meta.get("resolutions") or [meta["resolution"]]
-            for px in sizes:
+            for px in [px for px in sizes if not args.sizes or px in args.sizes]:
                 label = f"{name}@{px}" if len(sizes) > 1 else name
                 radius = tuple(args.radius) if args.radius else world_radius(meta)
                 rows[label] = evaluate(name, args.tokenizer, prompts, args.batch, resolution=px,
