@@ -16,11 +16,17 @@
 #   SCHEDULES=linear scripts/zoo_cycle.sh ...          # guidance schedules tuned (default: constant and linear)
 #   SHARDS=48 BATCHES=900 scripts/zoo_cycle.sh ...     # half the fresh scenes: a machine that tokenises slowly
 #   LR=1e-3 scripts/zoo_cycle.sh 2 ...                 # a later cycle's peak learning rate (the default: LR below)
+#   EXPERIMENT=zoo_ar_v3 SIZES=256 scripts/zoo_cycle.sh 1 synthscenes_ar_v2   # zoo v3 (64/128/256 px), tuned and
+#                                                      # reported at 256 px only (the smaller views: v2's settings)
 #
 # A killed cycle resumes exactly from its last checkpoint when rerun; finished steps are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+EXPERIMENT=${EXPERIMENT:-zoo_ar_v2}  # the recipe every cycle trains and re-exports with
+# shellcheck disable=SC2206  # a list of numbers
+SIZES=(${SIZES:-})                   # tune and report only these sizes (px) of the model (empty: every size)
+SIZE_ARGS=(); [ ${#SIZES[@]} -gt 0 ] && SIZE_ARGS=(--sizes "${SIZES[@]}")
 RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/log.md, zoo v2)
 STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
@@ -51,7 +57,7 @@ mkdir -p "$RUN"
 export PYTHONUNBUFFERED=1
 
 if [ ! -f "$RUN/export/config.json" ]; then
-    ARGS=(experiment=zoo_ar_v2 "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
+    ARGS=("experiment=$EXPERIMENT" "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
           "data.synth.first_shard=$(( (N - 1) * STRIDE ))" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
           "${VAL[@]}" "${EXTRA[@]}")
     [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT" "${LRS[@]}")
@@ -71,7 +77,7 @@ PY
 )
     if [ "$better" = raw ]; then
         mv "$RUN/export" "$RUN/export_ema"
-        "$PY" train.py experiment=zoo_ar_v2 task=export model.export_weights=raw "model.train.batches=$BATCHES" \
+        "$PY" train.py "experiment=$EXPERIMENT" task=export model.export_weights=raw "model.train.batches=$BATCHES" \
             "ckpt_path=$RUN/checkpoints/last.ckpt" "hydra.run.dir=$RUN" "${EXTRA[@]}" >> "$RUN/train.log" 2>&1
     fi
 fi
@@ -80,13 +86,14 @@ fi
 if [ ! -f "$RUN/tune.txt" ]; then
     # shellcheck disable=SC2086  # the grids are lists of numbers
     "$PY" -m mulosd.reports.ar_tune --model "$RUN/export" --prompt-seed 777 --cfg ${CFGS:-7 10 14 20} \
-        --temperature ${TEMPS:-0.7 1.0} --schedule ${SCHEDULES:-constant linear} --write | tee "$RUN/tune.tmp"
+        --temperature ${TEMPS:-0.7 1.0} --schedule ${SCHEDULES:-constant linear} "${SIZE_ARGS[@]}" --write \
+        | tee "$RUN/tune.tmp"
     mv "$RUN/tune.tmp" "$RUN/tune.txt"
 fi
 for seed in 4242 4343; do
     if [ ! -f "$RUN/report$seed.txt" ]; then
         "$PY" -m mulosd.reports.ar --models "$RUN/export" --prompt-seed "$seed" --fd --radius 0.11 0.145 \
-            | tee "$RUN/report$seed.tmp"
+            "${SIZE_ARGS[@]}" | tee "$RUN/report$seed.tmp"
         mv "$RUN/report$seed.tmp" "$RUN/report$seed.txt"
     fi
 done
