@@ -678,3 +678,20 @@ def test_task_export_writes_a_checkpoints_weights_as_the_fit_does(tmp_path, tmp_
     r = subprocess.run([*export[:-1], f"ckpt_path={tmp_path / 'nope.ckpt'}"], cwd=ROOT, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: ckpt_path: task=export needs")
+
+
+@pytest.mark.parametrize("resolution", [32, 128])
+def test_the_built_model_derives_its_sizes_before_its_config_checks_them(tiny_tokenizer, resolution):
+    """train.py's AR model takes vocab_size, grid and prefix from the tokenizer, the resolution and the caption
+    encoder before TransformerConfig derives from them: a learned position table holds exactly the rows this
+    grid needs (not the schema default grid's), at any resolution."""
+    from mulosd.training import build_module
+
+    from .conftest import compose_config
+
+    cfg = compose_config("train", ["model=ar", f"model.tokenizer={tiny_tokenizer}", f"model.resolution={resolution}",
+                                   "++model.transformer.positions=learned", "model.transformer.dim=32",
+                                   "model.transformer.heads=2", "model.transformer.layers=1"])
+    t = build_module(cfg.model).model.cfg
+    grid = resolution // 8
+    assert (t.vocab_size, t.grid, t.pos_slots) == (32, grid, t.prefix + grid * grid - 1)

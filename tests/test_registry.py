@@ -22,7 +22,7 @@ def _accept_all(p, cfg, captions, common):
     """The toy: every draft of the small model accepted, i.e. the small model's own image."""
     from mulosd.decoding.ar import decode_ar
 
-    return decode_ar(p.backbone("small", cfg.compile), captions, **common)
+    return decode_ar(p.backbone("small", compile=cfg.compile), captions, **common)
 
 
 @pytest.fixture

@@ -369,8 +369,9 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
     for ax, (key, label) in zip(axes[0], metrics, strict=True):
         curves: dict[str, list] = {}
         for r in rows:
-            curve = (r["strategy"] if not STRATEGIES[r["strategy"]].variants else
-                     f"mulosd r={r['r']} l={r['radius']}" + (f" {r['variant']}" if r["variant"] else ""))
+            curve = (r["strategy"] if not STRATEGIES[r["strategy"]].variants else  # its points split by r and radius
+                     r["strategy"] + "".join(f" {k}={r[k]}" for k in ("r", "radius") if r.get(k, "") != "")
+                     + (f" {r['variant']}" if r["variant"] else ""))
             curves.setdefault(curve + " compiled" * r["compiled"], []).append(r)
         if key == "geneval":  # ar's level, and each point's paired 95% interval against ar around it
             ax.axhline(rows[0]["geneval"], color="grey", lw=0.8, ls="--")

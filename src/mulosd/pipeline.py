@@ -186,7 +186,7 @@ class Pipeline:
         verifier = Model(t2i.verifier, t2i.encoder, cfg_scale if cfg_scale > 1 else 1.0, schedule)
         return cls(t2i.tokenizer, verifier, warpers, **parts)
 
-    def backbone(self, which: str = "verifier", compile: bool = False, cfg_scale: float | None = None
+    def backbone(self, which: str = "verifier", *, compile: bool = False, cfg_scale: float | None = None
                  ) -> ARBackbone:
         """The ARBackbone every strategy decodes with: the verifier, the low-res `drafter` or the `small` one, guided
         at `cfg_scale` where given, else at the scale the model records, else at the verifier's. The drafter only
@@ -206,7 +206,8 @@ class Pipeline:
         drafter = STRATEGIES[strategy].drafts_with
         backbones = [self.backbone(compile=True)]
         if drafter:  # guided as the strategy will guide it (only the low-res drafter has a scale of its own)
-            backbones.append(self.backbone(drafter, True, cfg.get("draft_cfg_scale") if drafter == "drafter" else None))
+            scale = cfg.get("draft_cfg_scale") if drafter == "drafter" else None
+            backbones.append(self.backbone(drafter, compile=True, cfg_scale=scale))
         for bb in backbones:
             bb.precompile(captions, self.warpers, cfg.seed)
 
@@ -218,8 +219,10 @@ class Pipeline:
             raise ValueError(f"unknown decoding {strategy!r}; known: {', '.join(STRATEGIES)}")
         s = STRATEGIES[strategy]
         needs = {"drafter": (self.drafter, self.up, self.down), "small": (self.small,), None: ()}[s.drafts_with]
-        if any(part is None for part in needs) or (s.neighbours and self.neighbours is None):
-            raise ValueError(f"this pipeline was loaded without the models {strategy} drafts with: load it with "
+        missing = ("the models it drafts with" if any(part is None for part in needs) else
+                   "its codebook-neighbour table" if s.neighbours and self.neighbours is None else None)
+        if missing:
+            raise ValueError(f"this pipeline was loaded without {missing} ({strategy}): load it with "
                              f"Pipeline.from_config(cfg, {{..., {strategy!r}}})")
         if rounds and not s.rounds:
             raise ValueError(f"{strategy} does not record rounds; "

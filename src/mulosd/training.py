@@ -10,7 +10,6 @@ import logging
 import pickle
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -86,27 +85,17 @@ def build_trainer(cfg: DictConfig, logger=False, callbacks=(), default_root_dir:
 
 def build_module(model_cfg: DictConfig) -> L.LightningModule:
     """The LightningModule for a validated `model` config, given it as its typed dataclass (config/train.py)."""
-    m = OmegaConf.to_object(validate_model(model_cfg))
+    validated = validate_model(model_cfg)
+    if validated.name == "ar":  # the derived sizes first: TransformerConfig checks and derives from them once
+        _derive_transformer(validated)
+    m = OmegaConf.to_object(validated)
     if m.name == "tokenizer":
         from .lit.tokenizer import TokenizerModule
 
         return TokenizerModule(m)
     if m.name == "ar":
-        from .data.synthscenes.encoder import SceneCaptionEncoder
         from .lit.ar import ARModule
-        from .zoo import read_config
 
-        try:
-            vq = read_config(m.tokenizer)["config"]
-        except FileNotFoundError as e:
-            raise ConfigError("model.tokenizer", str(e)) from None
-        f = 2 ** (len(vq["ch_mult"]) - 1)
-        for key, res in [("model.resolution", m.resolution)] + [("model.resolutions", r) for r in m.resolutions]:
-            if res % f:
-                raise ConfigError(key, f"{res} is not a multiple of the tokenizer's downsample factor {f}")
-        grids = sorted({r // f for r in m.resolutions}) if len(set(m.resolutions)) > 1 else []
-        m.transformer = replace(m.transformer, vocab_size=vq["codebook_size"], grid=m.resolution // f,
-                                prefix=SceneCaptionEncoder.prefix, grids=grids)
         try:
             return ARModule(m)
         except (FileNotFoundError, ValueError) as e:  # init_from: missing, or another architecture or tokenizer
@@ -128,6 +117,25 @@ def build_module(model_cfg: DictConfig) -> L.LightningModule:
         except ValueError as e:  # a sampler to start from that was trained on another tokenizer
             raise ConfigError("model.init_from", str(e)) from None
     raise ConfigError("model.name", f"unknown model {m.name!r}")
+
+
+def _derive_transformer(m: DictConfig) -> None:
+    """An AR model's vocab_size, grid, prefix and grids, set in its validated config from the tokenizer, the
+    resolutions and the caption encoder."""
+    from .data.synthscenes.encoder import SceneCaptionEncoder
+    from .zoo import read_config
+
+    try:
+        vq = read_config(m.tokenizer)["config"]
+    except FileNotFoundError as e:
+        raise ConfigError("model.tokenizer", str(e)) from None
+    f = 2 ** (len(vq["ch_mult"]) - 1)
+    for key, res in [("model.resolution", m.resolution)] + [("model.resolutions", r) for r in m.resolutions]:
+        if res % f:
+            raise ConfigError(key, f"{res} is not a multiple of the tokenizer's downsample factor {f}")
+    grids = sorted({r // f for r in m.resolutions}) if len(set(m.resolutions)) > 1 else []
+    m.transformer.vocab_size, m.transformer.grid = vq["codebook_size"], m.resolution // f
+    m.transformer.prefix, m.transformer.grids = SceneCaptionEncoder.prefix, grids
 
 
 class _BatchProgressBar(TQDMProgressBar):

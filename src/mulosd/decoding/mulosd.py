@@ -244,7 +244,7 @@ class _MuLoSD:
         trace.count("stale_kv", acceptance.stale.sum())
         schedules = [IslandSchedule.of(redo[b], hi0, G, cfg.resample, cfg.resample_window) for b in range(self.B)]
         # a sampled test redraws a rejected position outside its draft's pool (and a grown one whose re-test fails)
-        redraw = Redraw(acceptance.rejected.clone(), draft, self.pool, hi0) if self.sampled else None
+        redraw = Redraw(acceptance.rejected, draft, self.pool, hi0) if self.sampled else None
         draws = Draws(self.seed, self.ids, self.warpers, self.passes, redraw)
         steps, kept = IslandResampler(self.verifier, self.high, hi0, block.size, schedules, draws, trace, grown,
                                       cfg.resample_jacobi).run(logp)

@@ -98,8 +98,9 @@ def run_mulosd(p, cfg, captions: list[str], common: dict):
     from .mulosd import decode_mulosd
 
     knobs = from_config(MuLoSDConfig, cfg)
-    return decode_mulosd(p.backbone(compile=cfg.compile), p.backbone("drafter", cfg.compile, knobs.draft_cfg_scale),
-                         p.up, p.down, captions, p.neighbours, knobs, **common)
+    drafter = p.backbone("drafter", compile=cfg.compile, cfg_scale=knobs.draft_cfg_scale)
+    return decode_mulosd(p.backbone(compile=cfg.compile), drafter, p.up, p.down, captions, p.neighbours, knobs,
+                         **common)
 
 
 def _tokens(cfg, G: int) -> int:
@@ -128,8 +129,9 @@ STRATEGY_NAMES = tuple(STRATEGIES)  # in the order tables list them
 
 def register(strategy: Strategy) -> Strategy:
     """Add a strategy from outside this module (a plug-in, a test): everything that reads STRATEGIES sees it from
-    then on. The command line's schema (config/infer.py) is built from STRATEGIES when it is first imported, so a
-    strategy with knobs of its own registers before that; one whose knobs are all existing keys may come later."""
+    then on. The command line's schema, its help text and STRATEGY_NAMES (config/infer.py) are built from STRATEGIES
+    when first imported, so a strategy with knobs of its own registers before that; one whose knobs are all
+    existing keys may come later (validation reads STRATEGIES itself, so it is accepted; the help does not list it)."""
     if strategy.name in STRATEGIES or strategy.name == "reference":
         raise ValueError(f"a strategy named {strategy.name!r} exists")
     STRATEGIES[strategy.name] = strategy

@@ -85,7 +85,8 @@ class Redraw:
 class Draws:
     """How answers become tokens and verdicts: the verifier's noise keys (seed, image id, position), its warpers,
     the round's acceptance test `passes(logp, draft, images, positions) -> bool`, and where a sampled
-    acceptance redraws (None under a threshold test)."""
+    acceptance redraws (None under a threshold test; its `rejected` mask grows as grown drafts fail their
+    re-test)."""
 
     seed: int
     ids: torch.Tensor
@@ -164,13 +165,14 @@ class JacobiDrafts:
 class IslandResampler:
     """Resamples one block's R_X for every image of the batch, in place in `high` [B, G*G]: `run(logp)` -> the
     sequential verifier forwards it took and the grown positions that kept their drafts ([B, n] over the
-    block). `schedules`: one IslandSchedule per image; `grown` [B, n]: expanded=reverify's positions only grown
-    into R_X (None: every position of R_X is redrawn)."""
+    block). `schedules`: one IslandSchedule per image (run() uses them up: one resampler per block);
+    `grown` [B, n]: expanded=reverify's positions only grown into R_X (None: every position of R_X is redrawn);
+    `window`: resample_jacobi."""
 
     def __init__(self, verifier: ARBackbone, high: torch.Tensor, start: int, size: int,
                  schedules: list[IslandSchedule], draws: Draws, trace: Trace, grown: torch.Tensor | None = None,
-                 jacobi: int = 1):
-        self.verifier, self.high, self.start, self.size = verifier, high, start, size
+                 window: int = 1):
+        self.verifier, self.high, self.start = verifier, high, start
         self.schedules, self.draws, self.trace, self.G = schedules, draws, trace, verifier.grid
         B = len(schedules)
         self.kept = torch.zeros(B, size, dtype=torch.bool, device=high.device)
@@ -179,7 +181,7 @@ class IslandResampler:
                           for b in range(B)]
         self.unwritten: list[set[int]] = [set() for _ in range(B)]  # drawn, not yet in the verifier's cache
         self.held: list[set[int]] = [set() for _ in range(B)]  # positions holding a Jacobi draft
-        self.window, self.jacobi = jacobi, None
+        self.window, self.jacobi = window, None
 
     def run(self, logp: torch.Tensor) -> tuple[int, torch.Tensor]:
         """logp [B, n, V]: the verification forward's answers at the block's positions."""
@@ -209,7 +211,7 @@ class IslandResampler:
                      for j, island in enumerate(s.islands) for i, p in enumerate(island)
                      if s.pending(j, p) and p not in self.tentative[b]]
             if picks:
-                b, u, k = _columns(picks, self.high.device)
+                b, _, k = _columns(picks, self.high.device)
                 self.jacobi.draw(self.high, picks, logp[b, k], self.draws)
                 for q in picks:
                     self.tentative[q.image].add(q.position)

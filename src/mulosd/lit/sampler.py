@@ -219,10 +219,11 @@ class SamplerModule(AdversarialSteps, L.LightningModule):
         from ..zoo import save, tokenizer_digest, tokenizer_identity
 
         c = self.cfg
+        loss = asdict(c.loss) | ({} if self.kind == "up" and self.pixel_stage else {"ce_weight": 0.0})  # as trained
         if self.kind == "sr":  # spandrel reads the architecture from the weights; the config says what it is
             return save(self.sampler, "sr", out_dir, recipe, config={"arch": "Compact", "r": self.r,
                         "width": c.width, "depth": c.depth}, stage=self.stage, tokenizer=c.tokenizer,
-                        batches=self.batches_seen, loss=asdict(c.loss))
+                        batches=self.batches_seen, loss=loss)
         return save(self.sampler, "sampler", out_dir, recipe, stage=self.stage, tokenizer=c.tokenizer,
                     tokenizer_sha256=tokenizer_digest(tokenizer_identity(c.tokenizer)), batches=self.batches_seen,
-                    loss=asdict(c.loss))
+                    loss=loss)
