@@ -99,8 +99,7 @@ class Pipeline:
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
         cfg_scale, schedule, warpers = sampling(cfg, meta["sample"])
         parts = {"neighbours": _neighbours(cfg, tokenizer, strategies)}
-        drafts_with = {s.drafts_with for s in strategies}
-        if "drafter" in drafts_with:
+        if _drafts(strategies):
             low = meta["resolution"] // r
             if m.drafter is None and low in (meta.get("resolutions") or []):
                 # a multi-resolution verifier drafts for itself: its weights at the low grid, its own KV cache,
@@ -123,7 +122,7 @@ class Pipeline:
             parts |= {"drafter": drafter, "up": _upsampler(cfg, tokenizer, up, tokenizer, device=cfg.device),
                       "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer,
                                     device=cfg.device)[0].down}
-        if "small" in drafts_with:
+        if _drafts(strategies, "small"):
             small, small_encoder, smeta = _load("models.small", load_ar, m.small, device=cfg.device)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")
             parts["small"] = Model(small, small_encoder)
@@ -242,9 +241,10 @@ class Pipeline:
         return tokens_to_images(self.tokenizer, tokens)
 
 
-def _drafts(strategies: list[Strategy]) -> bool:
-    """Whether one of these strategies drafts with the low-res drafter (and so needs it, U_r and D_r)."""
-    return any(s.drafts_with == "drafter" for s in strategies)
+def _drafts(strategies: list[Strategy], kind: str = "drafter") -> bool:
+    """Whether one of these strategies drafts with this kind of model (registry.DRAFTERS; the low-res `drafter`
+    brings U_r and D_r with it)."""
+    return any(s.drafts_with == kind for s in strategies)
 
 
 def _neighbours(cfg: DictConfig, tokenizer, strategies: list[Strategy]) -> torch.Tensor | None:
