@@ -19,10 +19,10 @@ WORLD = 8128
 N_SPEED, N_QUALITY = 40, 120
 
 
-def _run(folder, n, batch, walls, passed, steps):
-    """A bench run over zipar windows 1, 2 and 3: each point's wall time per prompt and verdicts."""
-    cfg = compose_config("bench", ["strategies=[zipar]", "windows=[1,2,3]", f"n_prompts={n}", f"batch_size={batch}",
-                                   f"prompt_seed={WORLD}"])
+def _run(folder, n, batch, walls, passed, steps, windows="[1,2,3]"):
+    """A bench run over zipar's windows: each point's wall time per prompt and verdicts."""
+    cfg = compose_config("bench", ["strategies=[zipar]", f"windows={windows}", f"n_prompts={n}",
+                                   f"batch_size={batch}", f"prompt_seed={WORLD}"])
     folder.mkdir()
     OmegaConf.save(cfg, folder / "config.yaml")
     with (folder / "cells.jsonl").open("w") as f:
@@ -49,6 +49,13 @@ def runs(tmp_path):
              {"ar": 1.0, "zipar_s1": 4.0, "zipar_s2": 2.1, "zipar_s3": 2.0}.items()}
     _run(tmp_path / "speed", N_SPEED, 1, walls, speed_passed, steps)
     _run(tmp_path / "quality", N_QUALITY, 8, {k: np.ones(N_QUALITY) for k in walls}, passed, steps)
+    # a later pair of runs, on a machine twice as slow: its own ar, and zipar window 4 at 3x that ar
+    later = {"ar": 2 * walls["ar"], "zipar_s4": 2 * walls["ar"] / 3 * (1 + 0.05 * rng.standard_normal(N_SPEED))}
+    later_passed = {"ar": ar, "zipar_s4": better}
+    _run(tmp_path / "speed4", N_SPEED, 1, later, {k: v[:N_SPEED] for k, v in later_passed.items()},
+         {"ar": 256, "zipar_s4": 76}, windows="[4]")
+    _run(tmp_path / "quality4", N_QUALITY, 8, {k: np.ones(N_QUALITY) for k in later}, later_passed,
+         {"ar": 256, "zipar_s4": 76}, windows="[4]")
     return tmp_path
 
 
@@ -78,9 +85,27 @@ def test_an_unfinished_quality_run_is_reported_over_the_prompts_every_point_has(
     cells = (runs / "quality" / "cells.jsonl").read_text().splitlines()
     assert json.loads(cells[-4])["point"] == "ar"
     (runs / "quality" / "cells.jsonl").write_text("\n".join(cells[:-4] + cells[-3:]) + "\n")  # ar's last batch
-    f = frontier.frontier(runs / "speed", runs / "quality")
+    f = frontier.frontier([(runs / "speed", runs / "quality")])
     assert f["n_quality"] == N_QUALITY - 8
     assert f"GenEval on {N_QUALITY - 8} prompts of the run's {N_QUALITY} (unfinished)" in frontier.report(f)[0]
+
+
+def test_a_later_pair_of_runs_joins_with_speed_ups_against_its_own_ar(runs, capsys):
+    pairs = [(runs / "speed", runs / "quality"), (runs / "speed4", runs / "quality4")]
+    f = frontier.frontier(pairs)
+    rows = {r["method"]: r for r in f["rows"]}
+    assert [r["method"] for r in f["rows"]].count("ar") == 1 and f["ar_differ"] == 0
+    assert abs(rows["zipar_s4"]["speedup"] - 3) < 0.15  # against the later run's ar, not the first run's (1.5)
+    assert rows["zipar_s4"]["vs_ar"] == rows["zipar_s3"]["vs_ar"]  # the same verdicts, paired against ar
+    # faster than zipar_s3 beyond the interval (3x against 2x) but not better: ahead of ar only
+    assert "zipar_s4" in rows["ar"]["behind"] and "zipar_s4" not in rows["zipar_s3"]["behind"]
+    assert "`ar`'s verdicts that differ between the quality runs: 0." in frontier.report(f)[0]
+    assert frontier.main(["--speed", str(runs / "speed"), str(runs / "speed4"), "--quality",
+                          str(runs / "quality")]) == 2
+    assert "give them in pairs" in capsys.readouterr().err
+    assert frontier.main(["--speed", str(runs / "speed"), str(runs / "speed"), "--quality", str(runs / "quality"),
+                          str(runs / "quality")]) == 2
+    assert "a point is measured by two pairs: ['zipar_s1', 'zipar_s2', 'zipar_s3']" in capsys.readouterr().err
 
 
 def test_runs_of_different_worlds_or_a_batched_speed_run_are_refused(runs, capsys):

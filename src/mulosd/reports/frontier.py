@@ -1,4 +1,4 @@
-"""python -m mulosd.reports.frontier --speed RUN --quality RUN [--out DIR]
+"""python -m mulosd.reports.frontier --speed RUN [RUN ...] --quality RUN [RUN ...] [--out DIR]
 
 Speed against quality, every point with its interval: the speed-up over `ar` from a batch-1 bench run (each
 cell one prompt, so the ratio's 95% interval is a bootstrap over prompts, resampled together for every
@@ -6,7 +6,9 @@ method), and GenEval against `ar` from a bench run over more prompts (the paired
 eval.geneval). Both runs are read from their cells.jsonl and config.yaml alone, so runs carried between
 machines without their images serve; the quality run may be unfinished (the table says over how many prompts,
 the ones every point has). The prompts the two runs share must give the same verdicts: a batch decodes every
-image as it decodes alone, and the report counts the ones that differ.
+image as it decodes alone, and the report counts the ones that differ. Points measured later join as another
+pair of runs (`--speed A B --quality A2 B2`): each pair times and judges its own `ar`, so a speed-up is always
+a ratio within one interleaved run.
 
 "Ahead" is claimed only beyond both intervals: A is ahead of B when the bootstrap interval of A's speed over
 B's lies above 1 and the paired interval of A's GenEval minus B's lies above 0. A point keeps `ar`'s quality
@@ -84,8 +86,9 @@ def speed(cells: dict[str, dict[int, dict]], n: int, rng: np.random.Generator) -
     return out
 
 
-def frontier(speed_run: Path, quality_run: Path, seed: int = 0) -> dict:
-    """The joined table: a row per point measured in both runs with the same settings, in the speed run's order."""
+def pair(speed_run: Path, quality_run: Path) -> tuple:
+    """A speed run and the quality run of the same points: their configs, cells, and the points both measured
+    with the same settings (`ar` first), in the speed run's order."""
     scfg, scells = read_run(speed_run)
     qcfg, qcells = read_run(quality_run)
     if scfg.batch_size != 1:
@@ -99,38 +102,65 @@ def frontier(speed_run: Path, quality_run: Path, seed: int = 0) -> dict:
         if ours | {"batch_size": 0} != theirs | {"batch_size": 0}:
             raise ValueError(f"{p.name} decodes with other settings in {quality_run} than in {speed_run}")
     if not points or points[0].name != "ar":
-        raise ValueError("the runs share no measured `ar`, which every comparison is against")
-    ns = min(covered(scells[p.name]) for p in points)
-    nq = min(covered(qcells[p.name]) for p in points)
+        raise ValueError(f"{speed_run} and {quality_run} share no measured `ar`, which every comparison is against")
+    return scfg, qcfg, scells, qcells, points
+
+
+def frontier(pairs: list[tuple[Path, Path]], seed: int = 0) -> dict:
+    """The joined table: a row per point measured in both runs of a (speed run, quality run) pair, in the runs'
+    order. Every pair measures its own `ar`, which its points' speed-ups and GenEval differences are against;
+    the table's `ar` row is the first pair's. Points of different pairs are compared through their ratios to
+    their own `ar` on the same resampled prompts."""
+    joined = [pair(s, q) for s, q in pairs]
+    for scfg, *_ in joined[1:]:
+        for key in ("prompt_seed", "seed"):
+            if scfg[key] != joined[0][0][key]:
+                raise ValueError(f"the pairs decode different images: {key} {joined[0][0][key]} and {scfg[key]}")
+    names = [p.name for i, (*_, points) in enumerate(joined) for p in points if not (i and p.strategy == "ar")]
+    if len(set(names)) < len(names):
+        raise ValueError(f"a point is measured by two pairs: {sorted({n for n in names if names.count(n) > 1})}")
+    ns = min(covered(scells[p.name]) for _, _, scells, _, points in joined for p in points)
+    nq = min(covered(qcells[p.name]) for _, _, _, qcells, points in joined for p in points)
     if not ns or not nq:
-        raise ValueError(f"no prompt that every point has: {ns} in the speed run, {nq} in the quality run")
-    kinds = categories(prompt_set(max(ns, nq), seed=scfg.prompt_seed))
+        raise ValueError(f"no prompt that every point has: {ns} in the speed runs, {nq} in the quality runs")
+    world = joined[0][0].prompt_seed
+    kinds = categories(prompt_set(max(ns, nq), seed=world))
     rng = np.random.default_rng(seed)
-    fast = speed({p.name: scells[p.name] for p in points}, ns, rng)
-    passed = {p.name: verdicts(qcells[p.name], nq) for p in points}
     shared = min(ns, nq)
-    rows = []
-    for p in points:
-        diff, se = paired_difference(passed[p.name], passed["ar"], kinds[:nq])
-        differ = sum(a != b for a, b in zip(verdicts(scells[p.name], shared), passed[p.name][:shared], strict=True))
-        rows.append({"method": p.name, "strategy": p.strategy, "knobs": describe(scfg, p) or "defaults",
-                     "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
-                     "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
-                     "geneval": category_rates(passed[p.name], kinds[:nq])["geneval"],
-                     "vs_ar": diff, "vs_ar_ci95": Z95 * se, "keeps_ar": diff + Z95 * se >= 0,
-                     "verdicts_differ": differ})
+    fast, passed, rows, ar_differ = {}, {}, [], 0
+    for i, (scfg, _, scells, qcells, points) in enumerate(joined):
+        timed = speed({p.name: scells[p.name] for p in points}, ns, rng)
+        ar = verdicts(qcells["ar"], nq)
+        if i:
+            ar_differ += sum(a != b for a, b in zip(ar, passed["ar"], strict=True))
+        for p in points:
+            if i and p.strategy == "ar":
+                continue
+            fast[p.name] = timed[p.name] | {"ar_wall": timed["ar"]["wall"]}
+            passed[p.name] = verdicts(qcells[p.name], nq)
+            diff, se = paired_difference(passed[p.name], ar, kinds[:nq])
+            differ = sum(a != b for a, b in
+                         zip(verdicts(scells[p.name], shared), passed[p.name][:shared], strict=True))
+            rows.append({"method": p.name, "strategy": p.strategy, "knobs": describe(scfg, p) or "defaults",
+                         "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
+                         "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
+                         "geneval": category_rates(passed[p.name], kinds[:nq])["geneval"],
+                         "vs_ar": diff, "vs_ar_ci95": Z95 * se, "keeps_ar": diff + Z95 * se >= 0,
+                         "verdicts_differ": differ})
     picks = rng.integers(0, ns, size=(BOOTSTRAP, ns))
     for a in rows:
         a["behind"] = [b["method"] for b in rows if b is not a and _ahead(b, a, fast, passed, kinds[:nq], picks)]
-    return {"rows": rows, "n_speed": ns, "n_quality": nq, "n_quality_target": qcfg.n_prompts, "shared": shared,
-            "world": scfg.prompt_seed, "timed_on": _timed_on(scells)}
+    return {"rows": rows, "n_speed": ns, "n_quality": nq, "n_quality_target": min(q.n_prompts for _, q, *_ in joined),
+            "shared": shared, "world": world, "ar_differ": ar_differ if len(joined) > 1 else None,
+            "timed_on": "; ".join(dict.fromkeys(_timed_on(scells) for _, _, scells, *_ in joined))}
 
 
 def _ahead(a: dict, b: dict, fast: dict, passed: dict, categories: list[str], picks: np.ndarray) -> bool:
-    """a is ahead of b beyond both intervals: faster (bootstrap interval of the ratio above 1) and better in
-    GenEval (paired interval above 0)."""
-    wa, wb = fast[a["method"]]["wall"], fast[b["method"]]["wall"]
-    if np.percentile(wb[picks].sum(1) / wa[picks].sum(1), 2.5) <= 1:
+    """a is ahead of b beyond both intervals: faster (the bootstrap interval of a's speed-up over b's, each
+    against its own run's `ar`, above 1) and better in GenEval (paired interval above 0)."""
+    (wa, ara), (wb, arb) = ((fast[x["method"]]["wall"], fast[x["method"]]["ar_wall"]) for x in (a, b))
+    ratio = (ara[picks].sum(1) / wa[picks].sum(1)) / (arb[picks].sum(1) / wb[picks].sum(1))
+    if np.percentile(ratio, 2.5) <= 1:
         return False
     diff, se = paired_difference(passed[a["method"]], passed[b["method"]], categories)
     return diff - Z95 * se > 0
@@ -162,7 +192,9 @@ def report(f: dict) -> tuple[str, str]:
              + (f" of the run's {f['n_quality_target']} (unfinished)" if f["n_quality"] < f["n_quality_target"]
                 else "")
              + f", paired against `ar` (95%). Verdicts that differ between the two runs on their {f['shared']} "
-             f"shared prompts: {sum(r['verdicts_differ'] for r in rows)} of {f['shared'] * len(rows)}. The last "
+             f"shared prompts: {sum(r['verdicts_differ'] for r in rows)} of {f['shared'] * len(rows)}"
+             + (f"; `ar`'s verdicts that differ between the quality runs: {f['ar_differ']}"
+                if f["ar_differ"] is not None else "") + ". The last "
              f"column tests every pair ({len(rows) * (len(rows) - 1)} tests at 95% each, uncorrected): expect a "
              "claim or two by chance among many points.", "",
              "| method | knobs | speed-up (95%) | steps | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
@@ -213,12 +245,16 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mulosd.reports.frontier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--speed", type=Path, required=True, help="a bench run at batch_size=1 (its out_dir)")
-    ap.add_argument("--quality", type=Path, required=True, help="a bench run over more prompts of the same world")
+    ap.add_argument("--speed", type=Path, nargs="+", required=True,
+                    help="bench runs at batch_size=1 (their out_dirs), each with its own `ar`")
+    ap.add_argument("--quality", type=Path, nargs="+", required=True,
+                    help="bench runs over more prompts of the same world, one per speed run, in the same order")
     ap.add_argument("--out", type=Path, help="write frontier.md, frontier.csv and frontier.png into this folder")
     args = ap.parse_args(argv)
     try:
-        f = frontier(args.speed, args.quality)
+        if len(args.speed) != len(args.quality):
+            raise ValueError(f"{len(args.speed)} speed runs and {len(args.quality)} quality runs: give them in pairs")
+        f = frontier(list(zip(args.speed, args.quality, strict=True)))
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
