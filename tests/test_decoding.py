@@ -659,6 +659,23 @@ def test_pjd_with_a_window_of_one_is_plain_ar_token_for_token():
     assert torch.equal(got, want) and pjd.steps == ar.steps and pjd.counts["drafted"] == 0
 
 
+def test_pjd_decodes_an_image_the_same_alone_and_in_a_batch():
+    """Each image advances by its own acceptances: its tokens do not depend on the images beside it (upstream's
+    lockstep would move every image by the least any accepted)."""
+    from mulosd.decoding import PJDConfig
+    from mulosd.decoding.pjd import decode_pjd
+
+    verifier, _, enc, *_ = MODELS
+    cfg = PJDConfig(window=4, start=2)
+    batch, trace = decode_pjd(ARBackbone(verifier, enc, 2.0), CAPTIONS, cfg, seed=5)
+    accepted = 0
+    for i, c in enumerate(CAPTIONS):
+        alone, one = decode_pjd(ARBackbone(verifier, enc, 2.0), [c], cfg, seed=5, image_ids=torch.tensor([i]))
+        assert torch.equal(alone[0], batch[i]), i
+        accepted += one.counts["accepted"]
+    assert 0 < trace.counts["accepted"] == accepted < trace.counts["drafted"]
+
+
 def test_pjd_one_row_at_a_time_samples_the_verifiers_distribution():
     """With rows one after another (start >= the grid's width) PJD is SJD within each row: lossless. The first
     three tokens over 2000 images against the verifier's exact joint (the third is the next row's first)."""

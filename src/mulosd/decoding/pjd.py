@@ -18,9 +18,11 @@ order with speculative sampling's min(1, p / q):
 
 The drafts not committed are redrawn from the p just computed (q := p, with each position's own draft noise:
 SJD's Gumbel coupling); the position after a window from the last output; positions never reached hold uniform
-drafts. The batch advances in lockstep, every row by the least any image accepted (as upstream does), so an
-image's tokens depend on the batch it is decoded in. Noise is keyed by (seed, image, position): drafts on the
-draft stream, tests on the acceptance stream, the top row's extra token on the verifier's stream.
+drafts. Each image advances on its own: its rows, windows and acceptances are its own, and the forward packs every
+image's writes (padded to the widest). Upstream moves the batch in lockstep, every row by the least any image
+accepted, which makes an image's tokens depend on its batch; here an image decodes to the same tokens in any
+batch. Noise is keyed by (seed, image, position): drafts on the draft stream, tests on the acceptance stream,
+the top row's extra token on the verifier's stream.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import math
 import torch
 
 from ..ar import ARBackbone, Warpers, warp
+from ..ar.backbone import padded_writes
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
 from .acceptance import residual
@@ -54,79 +57,85 @@ def decode_pjd(backbone: ARBackbone, captions: list[str], cfg: PJDConfig = PJDCo
     # every position's current draft and the log q it was drawn from: uniform until a forward predicts it
     logq = torch.full((B, N, V), -math.log(V), device=device)
     drafts = sample(logq, seed, ids, positions, stream=DRAFT)
-    c = [1] + [0] * (W - 1)  # committed tokens per row
+    committed = torch.zeros(B, W, dtype=torch.long, device=device)  # per image and row
+    committed[:, 0] = 1
     steps = 1
-    while c[-1] < W:
-        top = next(r for r in range(W) if c[r] < W)
-        rows, writes = _windows(c, top, cfg, W)
-        pos, tok, groups = _inputs(tokens, drafts, c, top, rows, writes)
-        out = warp(backbone(pos.expand(B, -1), tok, groups), warpers)  # [B, writes, V]
+    while bool((committed[:, -1] < W).any()):
+        plans = [_windows(c, cfg, W) for c in committed.tolist()]
+        # a finished image rewrites its last token: its batch row must write something, and this changes nothing
+        pos, src, groups = padded_writes([writes or [(N - 1, N - 1, -1)] for _, writes in plans], device)
+        out = warp(backbone(pos, torch.cat([tokens, drafts], 1).gather(1, src), groups), warpers)  # [B, w, V]
         # noise keyed by position and iteration: a lower row's tests and redraws take effect, so no later test
         # or draft of a position may reuse them
-        key = positions + N * steps
+        key = N * steps
         steps += 1
-        for r, v, i in rows:
-            t, d = r * W + c[r], v - 1  # v outputs: p at t .. t + v - 1, for the d drafts and one more
-            p = out[:, i:i + v]
-            x = drafts[:, t:t + d]
-            ratio = (p[:, :d].gather(-1, x[..., None]) - logq[:, t:t + d].gather(-1, x[..., None]))[..., 0].exp()
-            ok = uniform(seed, ids, key[:, t:t + d], ACCEPT) < ratio.clamp(max=1).double()
-            accepted = ok.long().cumprod(1).sum(1)  # [B]
-            a = int(accepted.min())  # lockstep: every image moves by the least any accepted
-            trace.count("drafted", B * d)
-            trace.count("accepted", accepted.sum())
-            tokens[:, t:t + a] = x[:, :a]
-            n = a
-            if r == top:  # one more: the draft where this image accepted it, else its residual, or the bonus
-                if a < d:
-                    extra = sample(residual(p[:, a:a + 1], logq[:, t + a:t + a + 1]), seed, ids,
-                                   positions[:, t + a:t + a + 1])[:, 0]
-                    tokens[:, t + a] = torch.where(accepted > a, x[:, a], extra)
-                else:
-                    tokens[:, t + d] = sample(p[:, d:d + 1], seed, ids, positions[:, t + d:t + d + 1])[:, 0]
-                n = a + 1
-            # what is not committed is drafted again from the p just computed
-            logq[:, t + n:t + v] = p[:, n:v]
-            drafts[:, t + n:t + v] = sample(p[:, n:v], seed, ids, key[:, t + n:t + v], stream=DRAFT)
-            c[r] += n
-        done = torch.cat([torch.arange(W, device=device) < c[r] for r in range(W)])
-        backbone.forget_mask(~done[None].expand(B, -1))
+        _advance(out, plans, committed, tokens, drafts, logq, seed, ids, key, trace)
+        done = torch.arange(W, device=device) < committed[:, :, None]  # [B, W, W]
+        backbone.forget_mask(~done.view(B, N))
         if progress is not None:
             progress.update(1)
     trace.steps = steps
     return tokens.view(B, W, W), trace.stop()
 
 
-def _windows(c: list[int], top: int, cfg: PJDConfig, W: int):
-    """This forward's rows -> ([(row, v, index of its anchor in the writes)], [(position, group)]): the top row
-    and every started row below it that may move, each an anchor and v - 1 drafts; a write's group is its row,
-    or -1 for an anchor that rewrites a committed token (seen by every row)."""
+def _advance(out: torch.Tensor, plans: list, committed: torch.Tensor, tokens: torch.Tensor, drafts: torch.Tensor,
+             logq: torch.Tensor, seed: int, ids: torch.Tensor, key: int, trace: Trace) -> None:
+    """Test every window of every image at once (a window: v outputs, p at t .. t + v - 1, for its d = v - 1
+    drafts and one more), commit each one's accepted prefix (and for an image's top row one more token), and
+    redraw what is not committed from the p just computed."""
+    W, device = committed.shape[1], out.device
+    windows = [(b, r, v, i, j == 0) for b, (rows, _) in enumerate(plans) for j, (r, v, i) in enumerate(rows)]
+    img, row, v, i, top = (torch.tensor(f, device=device) for f in zip(*windows))
+    t, d = row * W + committed[img, row], v - 1
+    lanes = torch.arange(int(v.max()), device=device)
+    at = (t[:, None] + lanes).clamp(max=W * W - 1)  # [M, K] the positions a window's lanes stand for
+    live = lanes < v[:, None]  # lanes past a window's v are padding
+    p = out[img[:, None], (i[:, None] + lanes).clamp(max=out.shape[1] - 1)]  # [M, K, V]
+    x = drafts[img[:, None], at]
+    ratio = (p.gather(-1, x[..., None]) - logq[img[:, None], at].gather(-1, x[..., None]))[..., 0].exp()
+    ok = (uniform(seed, ids[img], at + key, ACCEPT) < ratio.clamp(max=1).double()) & (lanes < d[:, None])
+    a = ok.long().cumprod(1).sum(1)  # [M] each window's accepted prefix
+    trace.count("drafted", d.sum())
+    trace.count("accepted", a.sum())
+    keep = lanes < a[:, None]
+    tokens[img[:, None].expand_as(at)[keep], at[keep]] = x[keep]
+    # the top row's one more token at t + a: its residual where a draft was rejected, else the bonus from p
+    m = top.nonzero()[:, 0]
+    ta, pa = t[m] + a[m], p[m, a[m]]
+    dist = torch.where((a[m] < d[m])[:, None], residual(pa, logq[img[m], ta]), pa)
+    tokens[img[m], ta] = sample(dist[:, None], seed, ids[img[m]], ta[:, None])[:, 0]
+    n = a + top.long()
+    # what is not committed is drafted again from the p just computed
+    redo = live & (lanes >= n[:, None])
+    where = img[:, None].expand_as(at)[redo], at[redo]
+    logq[where] = p[redo]
+    drafts[where] = sample(p[redo][:, None], seed, ids[where[0]], (where[1] + key)[:, None], stream=DRAFT)[:, 0]
+    committed[img, row] += n
+
+
+def _windows(c: list[int], cfg: PJDConfig, W: int):
+    """An image's windows this forward -> ([(row, v, index of its anchor in the writes)], [(position, source,
+    group)]): the top row (the first unfinished one) and every started row below it that may move, each an
+    anchor and v - 1 drafts (none when the image is finished). A write's token is `source` of [tokens | drafts]
+    (a committed or provisional token at its index, a draft at N + its position); its group is its row, or -1
+    for an anchor that rewrites a committed token (seen by every row). A row that has not begun is anchored on
+    the provisional token, the row above's latest."""
+    N = W * W
+    top = next((r for r in range(W) if c[r] < W), None)
     rows, writes = [], []
+    if top is None:
+        return rows, writes
     for r in range(top, W):
         if r > top and c[r - 1] < cfg.start and c[r - 1] < W:
             break  # not started: nor is any row below it
         v = min(W - c[r], cfg.window) if r == top else min(c[r - 1] - c[r], cfg.window)
-        if r > top and (v <= 1 or c[r] == 0 and any(p == r * W - 1 for p, _ in writes)):
+        if r > top and (v <= 1 or c[r] == 0 and any(p == r * W - 1 for p, _, _ in writes)):
             continue  # nothing it could commit (a lower row commits drafts only), or the row above writes the
             # slot it would start from this time
         t = r * W + c[r]
         rows.append((r, v, len(writes)))
-        writes.append((t - 1, -1 if c[r] > 0 or r == top else r))
-        writes += [(t + i, r) for i in range(v - 1)]
+        provisional = c[r] == 0 and r != top
+        writes.append((t - 1, (r - 1) * W + c[r - 1] - 1 if provisional else t - 1,
+                       -1 if c[r] > 0 or r == top else r))
+        writes += [(t + k, N + t + k, r) for k in range(v - 1)]
     return rows, writes
-
-
-def _inputs(tokens: torch.Tensor, drafts: torch.Tensor, c: list[int], top: int, rows: list, writes: list
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward's positions [n], tokens [B, n] and groups [n] for `_windows`' rows and writes: each row's
-    anchor (its last committed token, or for a row that has not begun the provisional one: the row above's
-    latest) and its current drafts."""
-    W = len(c)
-    pos = torch.tensor([q for q, _ in writes], device=tokens.device)
-    groups = torch.tensor([g for _, g in writes], device=tokens.device)
-    tok = tokens[:, pos]
-    for r, v, i in rows:
-        if c[r] == 0 and r != top:
-            tok[:, i] = tokens[:, (r - 1) * W + c[r - 1] - 1]
-        tok[:, i + 1:i + v] = drafts[:, r * W + c[r]:r * W + c[r] + v - 1]
-    return pos, tok, groups
