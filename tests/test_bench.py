@@ -138,21 +138,28 @@ def test_zipar_is_measured_at_each_window_of_the_grid():
 
 
 @pytest.mark.slow
-def test_throughput_mode_reports_images_per_second_at_each_batch(tiny_zoo, tmp_path):
+def test_throughput_mode_reports_images_per_second_at_each_batch(tiny_zoo, tmp_path, caplog):
+    import logging
+
     from mulosd.bench import run
 
     cfg = compose_config("bench", [f"infer.models.tokenizer={tiny_zoo / 'tok'}",
                                    f"infer.models.verifier={tiny_zoo / 'ar128'}",
                                    f"infer.models.drafter={tiny_zoo / 'ar64'}", f"infer.models.up={tiny_zoo / 'up'}",
                                    f"infer.models.down={tiny_zoo / 'down'}", f"out_dir={tmp_path}", "n_prompts=4",
-                                   "mode=throughput", "throughput_batches=[1,4]", "strategies=[sjd,mulosd]",
+                                   "mode=throughput", "throughput_batches=[1,4]", "strategies=[sjd,pjd,mulosd]",
                                    "rs=[2]", "taus=[0.5]", "radii=[1]"])
-    rows = run(cfg, tmp_path)["rows"]
+    with caplog.at_level(logging.INFO):
+        rows = run(cfg, tmp_path)["rows"]
     assert [(r["method"], r["batch"]) for r in rows] == [(m, b) for b in (1, 4)
-                                                         for m in ("ar", "sjd", "mulosd_r2_tau0.5_l1")]
+                                                         for m in ("ar", "sjd", "pjd", "mulosd_r2_tau0.5_l1")]
     assert all(r["images_per_s"] > 0 for r in rows) and all(r["vs_ar"] == 1 for r in rows if r["method"] == "ar")
+    assert all(r["differ"] == 0 for r in rows)  # every image decodes to the same tokens at batch 1 and 4
     table = (tmp_path / "throughput.md").read_text()
-    assert "| sjd | " in table and "batch 4: images/s (vs ar)" in table
+    assert "| sjd | " in table and "batch 4: images/s (vs ar)" in table and "| 0.00% |" in table
+    mulosd = {r["batch"]: r["vs_ar"] for r in rows if r["method"] == "mulosd_r2_tau0.5_l1"}
+    assert caplog.messages[-1] == (f"throughput: mulosd_r2_tau0.5_l1 batch1={mulosd[1]:.2f}x "
+                                   f"batch4={mulosd[4]:.2f}x differ=0.0000")
 
 
 @pytest.mark.slow

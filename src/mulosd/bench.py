@@ -157,14 +157,18 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
     """mode=throughput: images per second of every point at each of `throughput_batches`, all prompts decoded
     in batches of that size, the points interleaved batch by batch after an untimed warm-up batch each. An
     image is the same alone and in a batch (every strategy keys its noise and acceptance per image), so the
-    latency run's quality holds at every batch size; only time changes."""
+    latency run's quality holds at every batch size; only time changes. That is checked, not assumed: each
+    row's `differ` is the share of its tokens that differ from the same point's at the first batch size
+    (batched float reductions may round differently at another width; a strategy that moved its images in
+    lockstep would show here). The last line names the first MuLo-SD point's ratio to `ar` at each batch."""
     from .pipeline import Pipeline
 
     points = grid(cfg)
     pipes: dict = {}
-    rows = []
+    rows, first = [], {}
     for size in cfg.throughput_batches:
         seconds = dict.fromkeys((p.name for p in points), 0.0)
+        tokens: dict[str, list] = {p.name: [] for p in points}
         starts = list(range(0, len(prompts), size))
         for start in [None, *starts]:  # None: the warm-up batch
             for point in points:
@@ -177,26 +181,36 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
                 if start is None:
                     for n in _batch_sizes(len(prompts), size):
                         pipes[key].precompile(point.strategy, icfg, prompts[:n])
-                _, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(len(chunk)) + (start or 0))
+                got, trace = pipes[key].decode(point.strategy, icfg, chunk, torch.arange(len(chunk)) + (start or 0))
                 if start is not None:
                     seconds[point.name] += trace.wall_s
+                    tokens[point.name].append(got.cpu())
         ar = len(prompts) / seconds["ar"]
-        rows += [{"method": p.name, "batch": size, "images_per_s": len(prompts) / seconds[p.name],
-                  "vs_ar": len(prompts) / seconds[p.name] / ar} for p in points]
+        for p in points:
+            got = torch.cat(tokens[p.name])
+            base = first.setdefault(p.name, got)
+            rows.append({"method": p.name, "batch": size, "images_per_s": len(prompts) / seconds[p.name],
+                         "vs_ar": len(prompts) / seconds[p.name] / ar, "differ": (got != base).double().mean().item()})
     lines = [f"{cfg.n_prompts} prompts (world seed {cfg.prompt_seed}), seed {cfg.seed}; {hardware(cfg.infer)}; "
-             "images/s over all prompts, points interleaved batch by batch", "",
-             "| method | " + " | ".join(f"batch {b}: images/s (vs ar)" for b in cfg.throughput_batches) + " |",
-             "|---|" + "---|" * len(cfg.throughput_batches)]
+             "images/s over all prompts, points interleaved batch by batch; the last column: the share of tokens "
+             f"that differ from the same point's at batch {cfg.throughput_batches[0]}", "",
+             "| method | " + " | ".join(f"batch {b}: images/s (vs ar)" for b in cfg.throughput_batches)
+             + " | tokens that differ |",
+             "|---|" + "---|" * len(cfg.throughput_batches) + "---|"]
     for p in points:
         cells = [r for r in rows if r["method"] == p.name]
         lines.append(f"| {p.name} | " + " | ".join(f"{r['images_per_s']:.2f} ({r['vs_ar']:.2f}x)" for r in cells)
-                     + " |")
+                     + f" | {max(r['differ'] for r in cells):.2%} |")
     with (out / "throughput.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, list(rows[0]))
         w.writeheader()
         w.writerows(rows)
     (out / "throughput.md").write_text("\n".join(lines) + "\n")
     log.info("\n".join(lines))
+    ours = next((p.name for p in points if p.strategy == "mulosd"), None)
+    mine = [r for r in rows if r["method"] == ours]
+    log.info("throughput: " + (f"{ours} " + " ".join(f"batch{r['batch']}={r['vs_ar']:.2f}x" for r in mine)
+                               + f" differ={max(r['differ'] for r in mine):.4f}" if ours else "no mulosd point"))
     return {"rows": rows}
 
 
