@@ -8,6 +8,8 @@ accepted. Islands are the 8-connected components of R_X.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -72,22 +74,36 @@ def raster_linked_islands(mask: np.ndarray) -> list[np.ndarray]:
     return sorted((np.array(g) for g in groups.values()), key=lambda g: g[0])
 
 
+def _blockers(island: list[int], grid: int, reach: int) -> list[list[int]]:
+    """Per position of a raster-sorted island, the indices of the earlier positions standing for all it waits
+    for: the last one of its own row, and in each earlier row the last one within `reach` columns to its right.
+    A position waits for its row's earlier positions, so an island row is decided front to back; the last of
+    a run being final (or a standing draft) vouches for the run."""
+    out, rows = [], {}  # rows: grid row -> (columns, indices) of its positions so far, in order
+    for i, u in enumerate(island):
+        row, col = divmod(u, grid)
+        mine = [rows[row][1][-1]] if row in rows else []
+        earlier = [ks[bisect.bisect_right(cols, col + reach) - 1] for r, (cols, ks) in rows.items()
+                   if r != row and cols[0] <= col + reach]
+        out.append(earlier + mine)
+        cols, ks = rows.setdefault(row, ([], []))
+        cols.append(col)
+        ks.append(i)
+    return out
+
+
 class IslandSchedule:
     """The order in which one image resamples its islands of R_X.
 
-    Each island is a raster-sorted list of grid positions; position i of an island waits for `blockers[i]`,
-    the indices of the island's earlier positions it needs final first. With `reach` >= the grid width that is
-    every earlier position (raster order within the island); with ZipAR's reach w - 1 a position (i, j) waits
-    only for its own row's earlier positions and earlier rows' up to column j + w - 1. Islands never wait for
-    each other: they resample side by side."""
+    Each island is a raster-sorted list of grid positions; position i of an island waits for the island's
+    earlier positions it needs final first. With `reach` >= the grid width that is every earlier position (raster
+    order within the island); with ZipAR's reach w - 1 a position (i, j) waits only for its own row's earlier
+    positions and earlier rows' up to column j + w - 1. `blockers[i]` holds the few that stand for them all
+    (`_blockers`). Islands never wait for each other: they resample side by side."""
 
     def __init__(self, islands: list[list[int]], grid: int, reach: int):
         self.islands, self.grid = islands, grid
-        def waits(u: int, v: int) -> bool:  # position u waits for the island's earlier position v
-            return v // grid == u // grid or v % grid <= u % grid + reach
-
-        self.blockers = [[[k for k, v in enumerate(island[:i]) if waits(u, v)] for i, u in enumerate(island)]
-                         for island in islands]
+        self.blockers = [_blockers(island, grid, reach) for island in islands]
         self.done = [[False] * len(island) for island in islands]
         self._index = [{p: i for i, p in enumerate(island)} for island in islands]
 
