@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers, sample, warp
-from mulosd.ar.backbone import guidance_scale
+from mulosd.ar.backbone import guidance_scale, padded_writes
 from mulosd.ar.noise import hash32, uniform
 from mulosd.config.train import ARModelConfig, AROptimConfig, SampleConfig, ScheduleConfig
 from mulosd.data.synthscenes import CaptionError, caption_text, sample_scene
@@ -99,6 +99,28 @@ def test_forgotten_positions_leave_the_context():
     assert torch.allclose(got, ref.float(), atol=1e-5)
     bb.forget(torch.tensor([[0]]), rows=torch.tensor([1]))  # one image only
     assert bb.filled[0, 0] and not bb.filled[1, 0]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_a_ragged_forward_runs_its_real_writes_alone_and_computes_what_the_padded_one_does(grouped):
+    """With each row's length given, the step projects only the real writes: the same logits (a pad's are its
+    row's last real write's) and the same cache as the padded forward, through two forwards in a row."""
+    torch.manual_seed(0)
+    model, enc = Transformer(CFG).eval(), SceneCaptionEncoder(CFG.cond_dim).eval()
+    caps = ["a red circle", "two blue squares", "a green ring above a yellow cross"]
+    padded, packed = ARBackbone(model, enc, 2.0), ARBackbone(model, enc, 2.0)
+    for bb in (padded, packed):
+        bb.start(caps)
+    for rows in ([[(0, 3, 0), (1, 5, 0), (2, 7, 1)], [(0, 1, -1)], [(0, 2, 0), (4, 9, 1)]],
+                 [[(3, 4, -1)], [(1, 6, 0), (2, 8, 0), (5, 1, 1), (6, 2, 1)], [(1, 3, -1), (5, 5, 0)]]):
+        pos, tok, group, lengths = padded_writes(rows)
+        assert lengths.tolist() == [len(r) for r in rows]
+        group = group if grouped else None
+        want, got = padded(pos, tok, group), packed(pos, tok, group, lengths)
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        for a, b in zip(padded.cache.k + padded.cache.v, packed.cache.k + packed.cache.v, strict=True):
+            assert torch.allclose(a, b, atol=1e-5)
+        assert torch.equal(padded.cache.filled, packed.cache.filled)
 
 
 def test_an_image_is_the_same_alone_and_in_a_batch():

@@ -134,11 +134,12 @@ class ARBackbone:
         return guide(logits, self.scale(torch.zeros(B, 1, dtype=torch.long, device=self.device)))
 
     @torch.no_grad()
-    def __call__(self, positions: torch.Tensor, tokens: torch.Tensor, groups: torch.Tensor | None = None
-                 ) -> torch.Tensor:
+    def __call__(self, positions: torch.Tensor, tokens: torch.Tensor, groups: torch.Tensor | None = None,
+                 lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Write tokens [B, n] at grid positions [B, n]; logits [B, n, V] for the positions that follow.
         `groups` [n] or [B, n]: draft windows that do not see each other (`Transformer.step`; the eager step
-        runs them)."""
+        runs them). `lengths` [B]: each row's real writes, the rest padding (`padded_writes`); the eager step
+        runs only the real ones through its projections (a compiled step runs the padded width)."""
         if self.cache is None:
             raise RuntimeError("call start(captions) first")
         if positions.shape != tokens.shape or positions.shape[0] != self.batch:
@@ -155,13 +156,15 @@ class ARBackbone:
             slots, tokens = slots.repeat(2, 1), tokens.repeat(2, 1)
             if groups is not None and groups.dim() == 2:
                 groups = groups.repeat(2, 1)
+            lengths = None if lengths is None else lengths.repeat(2)
         n = slots.shape[1]
         if groups is not None:
-            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache, groups=groups), scale)
+            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache, groups=groups,
+                                           lengths=lengths), scale)
         elif self._fused is not None and self._fused.covers(*slots.shape):
             logits = self._fused(slots, tokens, self.cache, scale)
         elif self._step is None or n == 0:
-            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache), scale)
+            logits = guide(self.model.step(slots, self.model.embed(tokens), self.cache, lengths=lengths), scale)
         else:
             # pad to the bucket by repeating the last write: a duplicate write of one slot in one forward
             # computes the same K/V twice, and the extra outputs are dropped; guidance is part of the graph
@@ -208,11 +211,13 @@ _DRAW = None
 
 def padded_writes(rows: list[list[tuple[int, ...]]], device=None) -> tuple[torch.Tensor, ...]:
     """Per-image writes, each a (position, token, ...) tuple, -> one long tensor [B, width] per field for a
-    batched forward: shorter rows repeat their last write (writing one slot twice in a forward computes the same
-    K/V twice, so the padding changes nothing). Every row must hold at least one write."""
+    batched forward, then the lengths [B]: shorter rows repeat their last write (writing one slot twice in a
+    forward computes the same K/V twice, so the padding changes nothing; given the lengths, the eager step
+    skips it). Every row must hold at least one write."""
     width = max(len(r) for r in rows)
     writes = torch.tensor([r + [r[-1]] * (width - len(r)) for r in rows], dtype=torch.long, device=device)
-    return tuple(field.contiguous() for field in writes.unbind(-1))
+    lengths = torch.tensor([len(r) for r in rows], dtype=torch.long, device=device)
+    return *(field.contiguous() for field in writes.unbind(-1)), lengths
 
 
 def _pad(t: torch.Tensor, width: int) -> torch.Tensor:

@@ -121,6 +121,29 @@ class KVCache:
         return self.filled.shape[0]
 
 
+@dataclass(frozen=True)
+class Packing:
+    """A ragged forward: batch row b writes lengths[b] real tokens, padded to a common width n (a padding write
+    repeats its row's last one). `valid` [B, n] marks the real writes, `rows` [T] each one's batch row, and
+    `spread` [B, n] the packed index of each padded write (a pad: its row's last real write)."""
+
+    valid: torch.Tensor
+    rows: torch.Tensor
+    spread: torch.Tensor
+
+    @classmethod
+    def of(cls, lengths: torch.Tensor, n: int) -> Packing | None:
+        """The packing of writes with these lengths [B] at width n; None where nothing is padding."""
+        lengths = lengths.to(torch.long)
+        if bool((lengths >= n).all()):
+            return None
+        cols = torch.arange(n, device=lengths.device)
+        valid = cols[None] < lengths[:, None]
+        first = lengths.cumsum(0) - lengths  # each row's first packed index
+        spread = first[:, None] + torch.minimum(cols[None], lengths[:, None] - 1)
+        return cls(valid, valid.nonzero()[:, 0], spread)
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
@@ -128,7 +151,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim, bias=False)
         self.out = nn.Linear(cfg.dim, cfg.dim, bias=False)
 
-    def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None):
+    def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None,
+                packing: Packing | None = None):
+        if packing is not None:
+            return self.packed(x, rope, layer, cache, slots, mask, packing)
         q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x [B, H, n, Dh]
         if rope is not None:
             q, k = apply_rope(q, rope), apply_rope(k, rope)
@@ -141,6 +167,21 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, cache.k[layer].type_as(q), cache.v[layer].type_as(q),
                                                attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
+
+    def packed(self, x, rope, layer: int, cache: KVCache, slots, mask, packing: Packing):
+        """x [T, dim]: the real writes of a ragged forward, packed. Projections run on those alone; only the
+        attention over the cache, per batch row, sees them padded (the pad queries' outputs are dropped)."""
+        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(1)  # 3 x [T, H, Dh]
+        if rope is not None:
+            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        rows, at = packing.rows, slots[packing.valid]
+        cache.k[layer][rows, :, at] = k.to(cache.k[layer].dtype)
+        cache.v[layer][rows, :, at] = v.to(cache.v[layer].dtype)
+        padded = q.new_zeros(*packing.valid.shape, *q.shape[1:])
+        padded[packing.valid] = q
+        y = F.scaled_dot_product_attention(padded.transpose(1, 2), cache.k[layer].type_as(q),
+                                           cache.v[layer].type_as(q), attn_mask=mask)
+        return self.out(y.transpose(1, 2)[packing.valid].flatten(1))
 
 
 class SwiGLU(nn.Module):
@@ -302,13 +343,16 @@ class Transformer(nn.Module):
         return self.head(self.norm(x[:, self.cfg.prefix - 1:]))
 
     def step(self, slots: torch.Tensor, x: torch.Tensor, cache: KVCache, fill: torch.Tensor | None = None,
-             groups: torch.Tensor | None = None) -> torch.Tensor:
+             groups: torch.Tensor | None = None, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Write inputs x [B, n, dim] at absolute slots [B, n] into the cache and return the logits
         [B, n, V] at those slots. A slot attends to itself and to the filled slots before it. `fill` [B, n]
         bool says which written slots become context (default all; padding of a T5 prefix does not).
         `groups` [n] (or [B, n]) makes several draft windows one forward: a write of group g >= 0 does not see
         this call's writes of other groups, and a write of group -1 (a shared one, e.g. a committed token
-        rewritten) sees none of the groups' writes; every write sees the cache as it was."""
+        rewritten) sees none of the groups' writes; every write sees the cache as it was. `lengths` [B]: row
+        b's writes after its first lengths[b] are padding (each repeats the row's last real write); the
+        projections and the MLPs then run on the real writes alone (`Packing`), and a pad's logits are its
+        row's last real write's."""
         cache.filled.scatter_(1, slots, True if fill is None else fill)
         key = torch.arange(self.cfg.slots, device=slots.device)[None, None, :]
         # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
@@ -327,9 +371,14 @@ class Transformer(nn.Module):
             x = x + self.abs_pe[0, slots.clamp(max=self.cfg.pos_slots - 1)]
         else:
             rope = self.rope[slots][:, None]
+        packing = None if lengths is None else Packing.of(lengths.to(slots.device), slots.shape[1])
+        if packing is not None:  # [B, n, ...] -> the real writes [T, ...]; rope [T, 1, Dh/2, 2]
+            x = x[packing.valid]
+            rope = None if rope is None else rope[:, 0][packing.valid][:, None]
         for i, block in enumerate(self.blocks):
-            x = block(x, rope, layer=i, cache=cache, slots=slots, mask=mask)
-        return self.head(self.norm(x))
+            x = block(x, rope, layer=i, cache=cache, slots=slots, mask=mask, packing=packing)
+        logits = self.head(self.norm(x))
+        return logits if packing is None else logits[packing.spread]
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_emb(tokens)

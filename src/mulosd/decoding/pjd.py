@@ -63,8 +63,8 @@ def decode_pjd(backbone: ARBackbone, captions: list[str], cfg: PJDConfig = PJDCo
     while bool((committed[:, -1] < W).any()):
         plans = [_windows(c, cfg, W) for c in committed.tolist()]
         # a finished image rewrites its last token: its batch row must write something, and this changes nothing
-        pos, src, groups = padded_writes([writes or [(N - 1, N - 1, -1)] for _, writes in plans], device)
-        out = warp(backbone(pos, torch.cat([tokens, drafts], 1).gather(1, src), groups), warpers)  # [B, w, V]
+        pos, src, groups, real = padded_writes([writes or [(N - 1, N - 1, -1)] for _, writes in plans], device)
+        out = warp(backbone(pos, torch.cat([tokens, drafts], 1).gather(1, src), groups, real), warpers)  # [B, w, V]
         # noise keyed by position and iteration: a lower row's tests and redraws take effect, so no later test
         # or draft of a position may reuse them
         key = N * steps
@@ -85,7 +85,7 @@ def _advance(out: torch.Tensor, plans: list, committed: torch.Tensor, tokens: to
     redraw what is not committed from the p just computed."""
     W, device = committed.shape[1], out.device
     windows = [(b, r, v, i, j == 0) for b, (rows, _) in enumerate(plans) for j, (r, v, i) in enumerate(rows)]
-    img, row, v, i, top = (torch.tensor(f, device=device) for f in zip(*windows))
+    img, row, v, i, top = (torch.tensor(f, device=device) for f in zip(*windows, strict=True))
     t, d = row * W + committed[img, row], v - 1
     lanes = torch.arange(int(v.max()), device=device)
     at = (t[:, None] + lanes).clamp(max=W * W - 1)  # [M, K] the positions a window's lanes stand for

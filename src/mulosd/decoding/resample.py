@@ -243,9 +243,9 @@ class IslandResampler:
         idle = max(self.start - 1, 0)
         rows = [[(p, x, plan.groups.get(p, -1)) for p, x in plan.writes.items()]
                 or [(idle, int(self.high[b, idle]), -1)] for b, plan in enumerate(plans)]
-        pos, tok, group = padded_writes(rows, self.high.device)
+        pos, tok, group, real = padded_writes(rows, self.high.device)
         jacobi = any(plan.groups for plan in plans)
-        return warp(self.verifier(pos, tok, group if jacobi else None), self.draws.warpers)
+        return warp(self.verifier(pos, tok, group if jacobi else None, real), self.draws.warpers)
 
     def _settle(self, plans: list[Plan], out: torch.Tensor) -> None:
         """What this forward decided: each query whose blockers all stood is final, kept (a grown or Jacobi draft

@@ -88,9 +88,9 @@ class _SD:
                 else:
                     rows.append([])
             if any(rows):
-                pos, tok = padded_writes([r or [(max(n[b] - 1, 0), int(tokens[b, max(n[b] - 1, 0)]))]
-                                          for b, r in enumerate(rows)], device)
-                logits = self.drafter(pos, tok)
+                pos, tok, real = padded_writes([r or [(max(n[b] - 1, 0), int(tokens[b, max(n[b] - 1, 0)]))]
+                                                for b, r in enumerate(rows)], device)
+                logits = self.drafter(pos, tok, lengths=real)
                 last = torch.tensor([max(len(r) - 1, 0) for r in rows], device=device)
                 step_logits = logits[torch.arange(B), last][:, None]
                 self.steps += 1
@@ -113,9 +113,9 @@ class _SD:
         rows = [[(p, int(tokens[b, p])) for p in range(self.v_written[b], n[b])] +
                 [(n[b] + i, int(drafts[b, i])) for i in range(lengths[b])] for b in range(self.B)]
         rows = [r or [(N - 1, int(tokens[b, N - 1]))] for b, r in enumerate(rows)]  # a finished image: a no-op
-        pos, tok = padded_writes(rows, self.device)
+        pos, tok, real = padded_writes(rows, self.device)
         self.steps += 1
-        return warp(self.verifier(pos, tok), self.warpers)
+        return warp(self.verifier(pos, tok, lengths=real), self.warpers)
 
     def accept(self, b: int, d: torch.Tensor, q: torch.Tensor, out: torch.Tensor) -> None:
         """Image b keeps the longest prefix of its drafts d [g] that passes the test, then draws one token: from
