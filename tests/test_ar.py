@@ -111,16 +111,26 @@ def test_a_ragged_forward_runs_its_real_writes_alone_and_computes_what_the_padde
     padded, packed = ARBackbone(model, enc, 2.0), ARBackbone(model, enc, 2.0)
     for bb in (padded, packed):
         bb.start(caps)
+    packs = []
+    spy = mock.patch.object(type(model.blocks[0].attn), "packed", autospec=True,
+                            side_effect=lambda self, x, *a: packs.append(x.shape[0]) or real_packed(self, x, *a))
+    real_packed = type(model.blocks[0].attn).packed
     for rows in ([[(0, 3, 0), (1, 5, 0), (2, 7, 1)], [(0, 1, -1)], [(0, 2, 0), (4, 9, 1)]],
                  [[(3, 4, -1)], [(1, 6, 0), (2, 8, 0), (5, 1, 1), (6, 2, 1)], [(1, 3, -1), (5, 5, 0)]]):
         pos, tok, group, lengths = padded_writes(rows)
         assert lengths.tolist() == [len(r) for r in rows]
         group = group if grouped else None
-        want, got = padded(pos, tok, group), packed(pos, tok, group, lengths)
+        want = padded(pos, tok, group)
+        packs.clear()
+        with spy:
+            got = packed(pos, tok, group, lengths)
+        assert packs == [2 * sum(len(r) for r in rows)] * CFG.layers  # the real writes alone, guided: twice
         assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
         for a, b in zip(padded.cache.k + padded.cache.v, packed.cache.k + packed.cache.v, strict=True):
             assert torch.allclose(a, b, atol=1e-5)
         assert torch.equal(padded.cache.filled, packed.cache.filled)
+    with pytest.raises(ValueError, match="lengths must be"):
+        packed(pos, tok, None, torch.tensor([1, 0, 2]))
 
 
 def test_an_image_is_the_same_alone_and_in_a_batch():

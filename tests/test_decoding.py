@@ -698,14 +698,16 @@ def test_pjd_decodes_an_image_the_same_alone_and_in_a_batch():
     from mulosd.decoding.pjd import decode_pjd
 
     verifier, _, enc, *_ = MODELS
-    cfg = PJDConfig(window=4, start=2)
+    cfg = PJDConfig(window=3, start=1)
     batch, trace = decode_pjd(ARBackbone(verifier, enc, 2.0), CAPTIONS, cfg, seed=5)
-    accepted = 0
+    accepted, steps = 0, []
     for i, c in enumerate(CAPTIONS):
         alone, one = decode_pjd(ARBackbone(verifier, enc, 2.0), [c], cfg, seed=5, image_ids=torch.tensor([i]))
         assert torch.equal(alone[0], batch[i]), i
         accepted += one.counts["accepted"]
+        steps.append(one.steps)
     assert 0 < trace.counts["accepted"] == accepted < trace.counts["drafted"]
+    assert len(set(steps)) > 1 and trace.steps == max(steps)  # an image that is done waits, writing a no-op
 
 
 def test_pjd_one_row_at_a_time_samples_the_verifiers_distribution():

@@ -148,6 +148,10 @@ class ARBackbone:
         N = self.grid * self.grid
         if positions.numel() and (positions.min() < 0 or positions.max() >= N):
             raise ValueError(f"positions must be in [0, {N})")
+        if lengths is not None and (lengths.shape != (self.batch,) or positions.numel() and (
+                lengths.min() < 1 or lengths.max() > positions.shape[1])):
+            raise ValueError(f"lengths must be [batch={self.batch}], each in [1, {positions.shape[1]}]: the real "
+                             f"writes of each row")
         positions = positions.to(self.device)
         scale = self.scale(positions + 1)  # a position's logits predict the next one in raster order
         slots = positions + self.model.cfg.prefix

@@ -92,7 +92,7 @@ def _advance(out: torch.Tensor, plans: list, committed: torch.Tensor, tokens: to
     live = lanes < v[:, None]  # lanes past a window's v are padding
     p = out[img[:, None], (i[:, None] + lanes).clamp(max=out.shape[1] - 1)]  # [M, K, V]
     x = drafts[img[:, None], at]
-    ratio = (p.gather(-1, x[..., None]) - logq[img[:, None], at].gather(-1, x[..., None]))[..., 0].exp()
+    ratio = (p.gather(-1, x[..., None])[..., 0] - logq[img[:, None], at, x]).exp()
     ok = (uniform(seed, ids[img], at + key, ACCEPT) < ratio.clamp(max=1).double()) & (lanes < d[:, None])
     a = ok.long().cumprod(1).sum(1)  # [M] each window's accepted prefix
     trace.count("drafted", d.sum())
