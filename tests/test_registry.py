@@ -92,3 +92,22 @@ def test_a_strategy_with_an_unknown_drafter_kind_or_a_taken_name_is_refused():
     for name in ("ar", "reference"):
         with pytest.raises(ValueError, match=f"a strategy named '{name}' exists"):
             register(Strategy(name, _accept_all, units=lambda cfg, G: 1))
+
+
+def test_every_strategy_decodes_an_image_the_same_alone_and_beside_any_neighbours(tiny_zoo):
+    """An image's tokens do not depend on the batch it is decoded in: alone, in a batch, and in the same batch
+    shuffled, for every registered strategy (each keys its noise and its acceptances per image)."""
+    from mulosd.pipeline import Pipeline
+
+    cfg = compose_config("infer", [*_models(tiny_zoo), "prompt=x", "window=2", "gamma=2", "pjd_window=3",
+                                   "pjd_start=1", "sjd_window=4"])
+    pipe = Pipeline.from_config(cfg, set(STRATEGIES))
+    captions = ["two crosses", "a red circle", "one blue square above a green ring"]
+    ids = torch.tensor([4, 7, 9])
+    order = [2, 0, 1]
+    for name in STRATEGIES:
+        together = pipe.decode(name, cfg, captions, ids)[0]
+        shuffled = pipe.decode(name, cfg, [captions[i] for i in order], ids[order])[0]
+        assert torch.equal(shuffled, together[order]), name
+        for i, caption in enumerate(captions):
+            assert torch.equal(pipe.decode(name, cfg, [caption], ids[i:i + 1])[0][0], together[i]), (name, i)
