@@ -11,7 +11,8 @@ from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import MuLoSDConfig
-from mulosd.decoding.acceptance import outside_pool, pooled_accept, pooled_mass, residual, sampled_accept
+from mulosd.decoding.acceptance import (accepted_prefix, outside_pool, pooled_accept, pooled_mass, residual,
+                                       sampled_accept)
 from mulosd.decoding.ar import decode_ar
 from mulosd.decoding.islands import IslandSchedule, expand, islands, raster_linked_islands
 from mulosd.decoding.mulosd import decode_mulosd
@@ -332,6 +333,15 @@ def test_ratio_acceptance_divides_by_the_drafters_pooled_mass():
     alone, _ = _mulosd(cfg, captions=CAPTIONS[1:2], image_ids=torch.tensor([1]))
     assert torch.equal(alone[0], batch[1])
 
+
+
+def test_accepted_prefix_stops_at_the_first_rejection_or_the_first_lane_without_a_draft():
+    ratio = torch.tensor([[2.0, 0.5, 1.0, 3.0], [0.2, 1.0, 1.0, 1.0], [1.0, 1.0, 0.9, 1.0]])
+    u = torch.tensor([[0.9, 0.4, 0.0, 0.5], [0.3, 0.0, 0.0, 0.0], [0.1, 0.2, 0.95, 0.0]], dtype=torch.double)
+    assert accepted_prefix(ratio, u).tolist() == [4, 0, 2]  # the third row's 0.95 >= 0.9 stops it
+    valid = torch.tensor([[True, True, False, True], [True] * 4, [True] * 4])
+    assert accepted_prefix(ratio, u, valid).tolist() == [2, 0, 2]
+    assert accepted_prefix(ratio[0], u[0]).item() == 4  # one image's drafts (exact SD)
 
 def test_draft_rows_must_divide_the_drafter_grid():
     with pytest.raises(ValueError, match="draft_rows"):

@@ -208,9 +208,12 @@ def throughput(cfg: DictConfig, out: Path, prompts: list[str]) -> dict:
     (out / "throughput.md").write_text("\n".join(lines) + "\n")
     log.info("\n".join(lines))
     ours = next((p.name for p in points if p.strategy == "mulosd"), None)
-    mine = [r for r in rows if r["method"] == ours]
-    log.info("throughput: " + (f"{ours} " + " ".join(f"batch{r['batch']}={r['vs_ar']:.2f}x" for r in mine)
-                               + f" differ={max(r['differ'] for r in mine):.4f}" if ours else "no mulosd point"))
+    if ours is None:
+        log.info("throughput: no mulosd point")
+    else:
+        mine = [r for r in rows if r["method"] == ours]
+        ratios = " ".join(f"batch{r['batch']}={r['vs_ar']:.2f}x" for r in mine)
+        log.info(f"throughput: {ours} {ratios} differ={max(r['differ'] for r in mine):.4f}")
     return {"rows": rows}
 
 

@@ -10,7 +10,8 @@ Positions are raster indices on the grid, any set per call ([B, n]); each writte
 filled slots at or before it. With guidance the batch is doubled internally (conditional rows, then rows
 with the learned null condition) and the returned logits are `u + scale * (c - u)`, computed in float32, the
 scale set by the token they predict (`guidance_scale`).
-`calls` and `tokens_in` count forward passes and processed token slots for the decoders' traces.
+`calls` and `tokens_in` count forward passes and the token slots they write, a ragged batch's padding included (what
+a padded forward computes; the eager step skips it), for the decoders' traces.
 """
 
 from __future__ import annotations

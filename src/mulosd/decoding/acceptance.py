@@ -65,6 +65,16 @@ def outside_pool(logp: torch.Tensor, draft: torch.Tensor, neighbours: torch.Tens
     return torch.where(out.isfinite().any(-1, keepdim=True), out, logp)
 
 
+def accepted_prefix(ratio: torch.Tensor, u: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Speculative sampling's test along the last dim: draft i stands when u_i < min(1, ratio_i) (ratio p / q of
+    its token) and every draft before it stands -> the accepted prefix's length [...]. `valid` [..., n]: lanes
+    that hold no draft (padding, past a window's end) never stand."""
+    ok = u < ratio.clamp(max=1).double()
+    if valid is not None:
+        ok &= valid
+    return ok.long().cumprod(-1).sum(-1)
+
+
 def residual(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
     """log of norm(max(0, p - q)): where speculative sampling draws after a rejection. Where p <= q
     everywhere (numerically), falls back to p."""

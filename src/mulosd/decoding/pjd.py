@@ -35,7 +35,7 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.backbone import padded_writes
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import residual
+from .acceptance import accepted_prefix, residual
 from .knobs import PJDConfig
 from .trace import Trace
 
@@ -93,8 +93,7 @@ def _advance(out: torch.Tensor, plans: list, committed: torch.Tensor, tokens: to
     p = out[img[:, None], (i[:, None] + lanes).clamp(max=out.shape[1] - 1)]  # [M, K, V]
     x = drafts[img[:, None], at]
     ratio = (p.gather(-1, x[..., None])[..., 0] - logq[img[:, None], at, x]).exp()
-    ok = (uniform(seed, ids[img], at + key, ACCEPT) < ratio.clamp(max=1).double()) & (lanes < d[:, None])
-    a = ok.long().cumprod(1).sum(1)  # [M] each window's accepted prefix
+    a = accepted_prefix(ratio, uniform(seed, ids[img], at + key, ACCEPT), lanes < d[:, None])  # [M] per window
     trace.count("drafted", d.sum())
     trace.count("accepted", a.sum())
     keep = lanes < a[:, None]

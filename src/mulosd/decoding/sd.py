@@ -19,7 +19,7 @@ from ..ar import ARBackbone, Warpers, warp
 from ..ar.backbone import padded_writes
 from ..ar.noise import ACCEPT, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import pooled_mass, residual
+from .acceptance import accepted_prefix, pooled_mass, residual
 from .knobs import SDConfig
 from .trace import Trace
 
@@ -131,8 +131,7 @@ class _SD:
             p_d = pooled_mass(p[None], d[None], self.neighbours, cfg.pool_k, cfg.delta)[0]
         q_d = q.gather(-1, d[:, None])[:, 0].exp()
         u = uniform(self.seed, self.ids[b:b + 1], positions[None], ACCEPT)[0]
-        ok = u < (p_d / q_d.clamp_min(1e-30)).clamp(max=1).double()
-        j = int(ok.long().cumprod(0).sum())  # accepted prefix length
+        j = int(accepted_prefix(p_d / q_d.clamp_min(1e-30), u))
         self.tokens[b, n:n + j] = d[:j]
         self.trace.count("drafted", g)
         self.trace.count("accepted", j)

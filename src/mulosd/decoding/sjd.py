@@ -32,7 +32,7 @@ import torch
 from ..ar import ARBackbone, Warpers, warp
 from ..ar.noise import ACCEPT, COUPLE_DRAW, COUPLE_TEST, DRAFT, uniform
 from ..ar.sampling import sample
-from .acceptance import residual
+from .acceptance import accepted_prefix, residual
 from .knobs import SJDConfig
 from .trace import Trace
 
@@ -68,9 +68,7 @@ def decode_sjd(backbone: ARBackbone, captions: list[str], cfg: SJDConfig = SJDCo
         p = out[:, :L].clone()
         p[n == 0, 0] = p0[n == 0]
         ratio = (p.gather(-1, drafts[..., None]) - logq.gather(-1, drafts[..., None]))[..., 0].exp()
-        u = uniform(seed, ids, window.clamp(max=N - 1), ACCEPT)
-        ok = (u < ratio.clamp(max=1).double()) & valid
-        j = ok.long().cumprod(1).sum(1)  # accepted prefix per image
+        j = accepted_prefix(ratio, uniform(seed, ids, window.clamp(max=N - 1), ACCEPT), valid)  # per image
         length = valid.sum(1)
         rejected = j < length
         b, i = (offsets[None] < j[:, None]).nonzero(as_tuple=True)  # the accepted drafts

@@ -86,6 +86,13 @@ def speed(cells: dict[str, dict[int, dict]], n: int, rng: np.random.Generator) -
     return out
 
 
+def _same_images(a, b, what: str) -> None:
+    """Two runs' configs must decode the same images: the same prompts and the same sampling noise."""
+    for key in ("prompt_seed", "seed"):
+        if a[key] != b[key]:
+            raise ValueError(f"the {what} decode different images: {key} {a[key]} and {b[key]}")
+
+
 def pair(speed_run: Path, quality_run: Path) -> tuple:
     """A speed run and the quality run of the same points: their configs, cells, and the points both measured
     with the same settings (`ar` first), in the speed run's order."""
@@ -93,9 +100,7 @@ def pair(speed_run: Path, quality_run: Path) -> tuple:
     qcfg, qcells = read_run(quality_run)
     if scfg.batch_size != 1:
         raise ValueError(f"{speed_run}: the speed run must be at batch 1 (it is at {scfg.batch_size})")
-    for key in ("prompt_seed", "seed"):
-        if scfg[key] != qcfg[key]:
-            raise ValueError(f"the runs decode different images: {key} {scfg[key]} and {qcfg[key]}")
+    _same_images(scfg, qcfg, "runs")
     points = [p for p in grid(scfg) if p.name in qcells and p.name in scells]
     for p in points:  # the same name must mean the same settings in both runs
         ours, theirs = (OmegaConf.to_container(point_config(c, p)) for c in (scfg, qcfg))
@@ -113,9 +118,7 @@ def frontier(pairs: list[tuple[Path, Path]], seed: int = 0) -> dict:
     their own `ar` on the same resampled prompts."""
     joined = [pair(s, q) for s, q in pairs]
     for scfg, *_ in joined[1:]:
-        for key in ("prompt_seed", "seed"):
-            if scfg[key] != joined[0][0][key]:
-                raise ValueError(f"the pairs decode different images: {key} {joined[0][0][key]} and {scfg[key]}")
+        _same_images(joined[0][0], scfg, "pairs")
     names = [p.name for i, (*_, points) in enumerate(joined) for p in points if not (i and p.name == "ar")]
     if len(set(names)) < len(names):
         raise ValueError(f"a point is measured by two pairs: {sorted({n for n in names if names.count(n) > 1})}")
