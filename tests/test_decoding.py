@@ -11,8 +11,14 @@ from mulosd.ar import ARBackbone, Transformer, TransformerConfig, Warpers
 from mulosd.data.synthscenes import caption_text, sample_scene
 from mulosd.data.synthscenes.encoder import SceneCaptionEncoder
 from mulosd.decoding import MuLoSDConfig
-from mulosd.decoding.acceptance import (accepted_prefix, outside_pool, pooled_accept, pooled_mass, residual,
-                                       sampled_accept)
+from mulosd.decoding.acceptance import (
+    accepted_prefix,
+    outside_pool,
+    pooled_accept,
+    pooled_mass,
+    residual,
+    sampled_accept,
+)
 from mulosd.decoding.ar import decode_ar
 from mulosd.decoding.islands import IslandSchedule, expand, islands, raster_linked_islands
 from mulosd.decoding.mulosd import decode_mulosd

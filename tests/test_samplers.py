@@ -261,7 +261,7 @@ def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     assert main(["--n", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer),
                  "--out", str(tmp_path / "ablation.md")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1].startswith("samplers: r2_ce_acc=") and "r4_gan_lpips=nan" in out[-1]
+    assert out[-1].startswith("samplers: size=128 r2_ce_acc=") and "r4_gan_lpips=nan" in out[-1]
     assert any("pixel bicubic" in line for line in out) and any("not trained" in line for line in out)
     assert "object half-size 0.075-0.13 of the image side" in out[0]  # the world the samplers were trained in
     assert (tmp_path / "ablation.md").read_text().count("| 2 |") >= 4

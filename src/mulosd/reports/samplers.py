@@ -1,12 +1,12 @@
-"""python -m mulosd.reports.samplers [--n 200] [--dir zoo] [--tokenizer NAME]
+"""python -m mulosd.reports.samplers [--n 200] [--size 128] [--dir zoo] [--tokenizer NAME]
 
-The paper's ablation (a) on held-out SynthScenes at 128 px: for each up-sampler loss stage and for the
-pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
-token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, FD-VGG of the drafts against
-the high-res images as a set (what the PatchGAN stage optimises; 200 images bias it, so compare rows, not
-other tables), and the judge's agreement on the decoded draft (true caption accepted, a minimally falsified
-one rejected). `VQ(high)` is the ceiling
-(the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
+The paper's ablation (a) on held-out SynthScenes at 128 px (`--size 256`: at the grids of the zoo's 256 px verifier
+and its drafters, 16 x 16 -> 32 x 32 at r = 2; U_r and D_r are convolutional): for each up-sampler loss stage and
+for the pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
+token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, FD-VGG of the drafts against the
+high-res images as a set (what the PatchGAN stage optimises; 200 images bias it, so compare rows, not other tables),
+and the judge's agreement on the decoded draft (true caption accepted, a minimally falsified one rejected).
+`VQ(high)` is the ceiling (the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
 Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}, and the pixel
 path's trained SR network synthscenes_sr{r} (experiment=pixel_sr).
 """
@@ -35,7 +35,7 @@ from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config,
 from . import publish
 
 STAGES = SAMPLER_STAGES
-SIZE = 128
+SIZE = 128  # the high-res side the samplers were trained at
 
 
 def sampler_name(r: int, stage: str | None = None) -> str:
@@ -48,11 +48,11 @@ def sr_name(r: int) -> str:
 
 @torch.no_grad()
 def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50,
-             radius: tuple[float, float] = vocab.RADIUS_RANGE) -> dict:
+             radius: tuple[float, float] = vocab.RADIUS_RANGE, size: int = SIZE) -> dict:
     lpips = build_lpips("alex")
     scenes = [sample_scene(EVAL_SEED, i, radius=radius) for i in range(n)]
     wrongs = [falsify(s, np.random.default_rng([EVAL_SEED, i, 1])) for i, s in enumerate(scenes)]
-    highs = [render(s, SIZE) for s in scenes]
+    highs = [render(s, size) for s in scenes]
     reference = vgg_features(highs)
     out = {}
     for r in ratios:
@@ -99,8 +99,8 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
     return out
 
 
-def table(results: dict, n: int, radius: tuple[float, float]) -> str:
-    lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {SIZE} px (world seed {EVAL_SEED}; object half-size "
+def table(results: dict, n: int, radius: tuple[float, float], size: int = SIZE) -> str:
+    lines = [f"Up-sampled drafts on {n} held-out SynthScenes at {size} px (world seed {EVAL_SEED}; object half-size "
              f"{radius[0]:g}-{radius[1]:g} of the image side)", "",
              "| r | method | token acc vs VQ(high) | PSNR dB | LPIPS | FD-VGG | judge agreement |",
              "|---|---|---|---|---|---|---|"]
@@ -115,13 +115,14 @@ def table(results: dict, n: int, radius: tuple[float, float]) -> str:
     return "\n".join(lines)
 
 
-def summary_line(results: dict) -> str:
+def summary_line(results: dict, size: int = SIZE) -> str:
     def get(r, stage, key):
         m = results.get(r, {}).get(f"latent {stage}")
         return m[key] if m else math.nan
 
-    return (f"samplers: r2_ce_acc={get(2, 'token_ce', 'acc'):.3f} r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} "
-            f"r4_ce_acc={get(4, 'token_ce', 'acc'):.3f} r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
+    return (f"samplers: size={size} r2_ce_acc={get(2, 'token_ce', 'acc'):.3f} "
+            f"r2_gan_lpips={get(2, 'gan', 'lpips'):.4f} r4_ce_acc={get(4, 'token_ce', 'acc'):.3f} "
+            f"r4_gan_lpips={get(4, 'gan', 'lpips'):.4f}")
 
 
 # each loss stage against Lanczos at what it optimises: (key, "higher" or "lower" is better, digits)
@@ -151,6 +152,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mulosd.reports.samplers", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--size", type=int, default=SIZE, help="the high-res side in px (128: 16 x 16 tokens)")
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
     ap.add_argument("--tokenizer", default=TOKENIZER)
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
@@ -160,15 +162,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be >= 1")
+    if args.size % 32:
+        ap.error(f"--size must be a multiple of 32 (the tokenizer's 8 px cells at r = 4), got {args.size}")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
         first = args.dir / sampler_name(2, "token_ce")
         radius = tuple(args.radius) if args.radius else world_radius(read_config(first) if first.is_dir() else {})
-        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius)
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius, size=args.size)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    publish("\n".join([table(results, args.n, radius), "", *against_lanczos(results)]), summary_line(results), args.out)
+    publish("\n".join([table(results, args.n, radius, args.size), "", *against_lanczos(results)]),
+            summary_line(results, args.size), args.out)
     return 0
 
 
