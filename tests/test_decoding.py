@@ -448,6 +448,25 @@ def test_maximal_coupling_keeps_the_old_draft_as_often_as_a_sample_of_p_can():
     assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-3  # a sample of p
 
 
+
+def test_a_coupled_redraw_survives_the_rounding_a_batch_brings():
+    """A batch's matmuls round the verifier's p differently from a lone image's (up to 1e-4 in log p), and an
+    image must decode the same either way: a coupled redraw may move only where two codes tie. Inverting the
+    residual's CDF failed this (a sum over the codebook moves the draw across code boundaries: 2% of report-world
+    images differed between batch 1 and 8)."""
+    from mulosd.decoding.sjd import _coupled
+
+    torch.manual_seed(0)
+    B, V, N = 4000, 1024, 4096
+    logq, logp = (torch.randn(B, 1, V).mul(2).log_softmax(-1) for _ in range(2))
+    ids, n, position = torch.arange(B), torch.zeros(B, dtype=torch.long), torch.zeros(B, 1, dtype=torch.long)
+    old = logq.argmax(-1)  # an unlikely draft under p: it is redrawn nearly always
+    nudged = (logp + 1e-4 * torch.randn_like(logp)).log_softmax(-1)
+    a, b = (_coupled(old, lp, old, logq, position, n, 0, ids, N) for lp in (logp, nudged))
+    redrawn = (a != old).sum().item()
+    assert redrawn > B // 2
+    assert (a != b).sum().item() <= 1, (a != b).sum().item()  # inversion: 7 of these 4000
+
 def test_sjd_alone_and_in_a_batch_and_its_counters():
     from mulosd.decoding import SJDConfig
     from mulosd.decoding.sjd import decode_sjd

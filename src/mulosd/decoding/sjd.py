@@ -122,10 +122,9 @@ def _coupled(drafts: torch.Tensor, logq: torch.Tensor, old: torch.Tensor, old_lo
     ratio = (logq.gather(-1, prev[..., None]) - prev_logq.gather(-1, prev[..., None]))[..., 0].exp()
     key = (n[:, None] + source) + N * n[:, None]  # the position, made unique per iteration (n grows)
     keep = uniform(seed, ids, key, COUPLE_TEST) < ratio.clamp(max=1).double()
-    # the residual by inversion, one uniform per position (Gumbel-max would hash a noise value per code)
-    cdf = residual(logq, prev_logq).exp().double().cumsum(-1)
-    u = uniform(seed, ids, key, COUPLE_DRAW) * cdf[..., -1]
-    redrawn = torch.searchsorted(cdf, u[..., None]).squeeze(-1).clamp(max=logq.shape[-1] - 1)
+    # Gumbel-max, not inversion of the residual's CDF: a batch's matmuls round p differently from a lone image's,
+    # and a sum over the codebook moves an inverted draw across a code boundary where an argmax moves only at a tie
+    redrawn = sample(residual(logq, prev_logq), seed, ids, key, stream=COUPLE_DRAW)
     return torch.where(carried, torch.where(keep, prev, redrawn), drafts)
 
 
