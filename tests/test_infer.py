@@ -218,6 +218,24 @@ def test_a_multi_resolution_verifier_is_its_own_drafter(tiny_zoo, drafter):
         load_ar(tiny_zoo / "ar128", resolution=64)
 
 
+
+def test_size_picks_the_grid_a_multi_resolution_verifier_decodes_at(tiny_zoo):
+    """`size=64` decodes the 64 + 128 px model at 64 px (its 32 px drafter: none, so `ar` only); a size it was not
+    trained at, or a size for a backbone that fixes its own, is a one-line error."""
+    from mulosd.config import ConfigError
+    from mulosd.pipeline import Pipeline
+
+    models = [f"models.tokenizer={tiny_zoo / 'tok'}", f"models.verifier={tiny_zoo / 'multi'}", "prompt=two crosses"]
+    for size, grid in ((None, 16), (128, 16), (64, 8)):
+        cfg = compose_config("infer", models + ([] if size is None else [f"size={size}"]))
+        pipe = Pipeline.from_config(cfg, {"ar"})
+        assert pipe.grid == grid
+        assert pipe.decode("ar", cfg, ["two crosses"], torch.arange(1))[0].shape == (1, grid, grid)
+    with pytest.raises(ConfigError, match="not at 256 px"):
+        Pipeline.from_config(compose_config("infer", models + ["size=256"]), {"ar"})
+    with pytest.raises(ConfigError, match="size"):
+        validate_infer(compose_config("infer", ["backbone=tar", "size=256"]))
+
 def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zoo, tmp_path):
     import json
     import shutil

@@ -209,10 +209,12 @@ def _log_wandb(cfg: DictConfig, result: dict, traces: list, grid_path: Path, run
 
 def _reference(cfg: DictConfig, texts: list[str], out_dir: Path) -> dict:
     images, verdicts = [], []
-    radius = world_radius(read_config(cfg.models.verifier))  # drawn as the verifier's training world draws it
+    meta = read_config(cfg.models.verifier)
+    radius = world_radius(meta)  # drawn as the verifier's training world draws it, at its size
+    size = cfg.size or meta["resolution"]
     for i, text in enumerate(texts):
         prompt = parse_caption(text)
-        image = render(realise(prompt, np.random.default_rng([cfg.seed, i]), radius), cfg.size)
+        image = render(realise(prompt, np.random.default_rng([cfg.seed, i]), radius), size)
         verdicts.append(judge(image, prompt))
         path = out_dir / f"{i:03d}.png"
         Image.fromarray(image).save(path)

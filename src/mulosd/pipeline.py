@@ -95,7 +95,7 @@ class Pipeline:
 
         m, r = cfg.models, cfg.r
         tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer, device=cfg.device)
-        net, encoder, meta = _load("models.verifier", load_ar, m.verifier, device=cfg.device)
+        net, encoder, meta = _load("models.verifier", load_ar, m.verifier, device=cfg.device, resolution=cfg.size)
         _load("models.verifier", check_same_tokenizer, meta, m.tokenizer, f"verifier {m.verifier!r}")
         cfg_scale, schedule, warpers = sampling(cfg, meta["sample"])
         parts = {"neighbours": _neighbours(cfg, tokenizer, strategies)}

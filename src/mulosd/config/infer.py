@@ -81,7 +81,8 @@ class InferOptions:
     threads: int | None = knob(None, "torch's CPU threads (null: torch's default, one per core); timed "
                                       "comparisons report what they ran with")
     out_dir: str | None = knob(None, "where images, maps and verdicts go (null: Hydra's run directory)")
-    size: int = knob(128, "decoding=reference only (the models fix the size otherwise)")
+    size: int | None = knob(None, "the verifier's side in px: a multi-resolution model decodes at any size it was "
+                                   "trained at (null: its exported size; decoding=reference renders at it too)")
     # sampling: where unset, the verifier's recorded defaults (pipeline.sampling resolves them)
     cfg_scale: float | None = knob(None, "the guidance scale (null: the verifier's recorded one)")
     cfg_schedule: str | None = knob(None, "constant | linear: the guidance scale along the raster, every model's "
@@ -138,7 +139,10 @@ def validate_infer(cfg: DictConfig) -> None:
     if cfg.backbone == "tar":
         require(cfg.r == cfg.tar.resolution // 256, "r", f"tar at {cfg.tar.resolution} px over the 256 px drafter "
                 f"is r={cfg.tar.resolution // 256}, got r={cfg.r}")
-    require(cfg.size >= 8 and cfg.size % 8 == 0, "size", f"must be a positive multiple of 8, got {cfg.size}")
+    require(cfg.size is None or cfg.size >= 8 and cfg.size % 8 == 0, "size",
+            f"must be a positive multiple of 8, got {cfg.size}")
+    require(cfg.size is None or cfg.backbone == "synthscenes", "size", f"the SynthScenes models' size; "
+            f"backbone={cfg.backbone} fixes its own (llamagen: stage 2's 512 px, tar: tar.resolution)")
     require(cfg.batch_size >= 1, "batch_size", f"must be >= 1, got {cfg.batch_size}")
     require(bool(cfg.prompt or cfg.prompts or cfg.prompt_file), "prompt", "give prompt=, prompts=[...] or "
             "prompt_file=")
