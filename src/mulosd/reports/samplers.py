@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..choices import SAMPLER_STAGES
 from ..data.images import downsample, to_image, to_tensor
@@ -64,7 +65,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
             path = directory / sampler_name(r, stage)
             methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"
         rows = {}
-        for name, method in methods.items():
+        for name, method in tqdm(methods.items(), desc=f"samplers r={r}", unit="method", file=sys.stderr):
             if method == "missing":
                 rows[name] = None
                 continue
