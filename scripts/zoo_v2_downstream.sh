@@ -8,19 +8,34 @@
 #   RUNS=/path/outside/the/repo scripts/zoo_v2_downstream.sh
 #   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
 #   FIRST_SHARD=384 scripts/zoo_v2_downstream.sh # train on world-big shards already written (e.g. by zoo cycles)
+#   SIZE=256 RUNS=../runs/zoo_v3 scripts/zoo_v2_downstream.sh   # zoo v3's grids (below)
 #
 # r=2 (infer.py's default) comes first, then the small drafter, then r=4 (its 32 px drafter and samplers).
 #
 # The recipes are the shipped ones (conf/experiment/upsampler_*.yaml, downsampler.yaml) with the world changed
 # and each stage initialised from the previous stage of this run, not from the shipped zoo.
+#
+# SIZE=256 trains U_r / D_r between zoo v3's grids (the 256 px verifier's 32 x 32, its 128 / 64 px views' 16 x 16
+# and 8 x 8) on the 256 px shards zoo v3's cycles write. The samplers are convolutional, so each stage starts from
+# its shipped 128 px counterpart on a short schedule (a 256 px batch costs about four 128 px ones);
+# the small drafter and the 32 px drafter are not needed there (the 256 px model drafts with its own 128 / 64 px
+# views).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_v2}
 DRY=${1:-}
-WORLD=("data.synth.dir=data/shards/synthscenes128_big" "data.synth.radius=[0.11,0.145]"
+SIZE=${SIZE:-128}
+WORLD=("data.synth.dir=data/shards/synthscenes${SIZE}_big" "data.synth.radius=[0.11,0.145]"
        "data.synth.first_shard=${FIRST_SHARD:-0}")
 SAMPLER_SCENES="data.synth.train_shards=192"  # the small drafter keeps its recipe's 32 shards: it tokenises them all
+if [ "$SIZE" = 256 ]; then
+  WORLD+=("data.image_size=256" "data.synth.size=256")
+  SAMPLER_SCENES="data.synth.train_shards=48"   # what zoo v3's first cycle wrote
+elif [ "$SIZE" != 128 ]; then
+  echo "error: SIZE=$SIZE: the samplers train at 128 px (zoo v2) or 256 px (zoo v3)" >&2
+  exit 2
+fi
 
 train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has a checkpoint
   local name=$1
@@ -42,19 +57,34 @@ train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has
 }
 
 mkdir -p "$RUNS"
+at256() {  # STAGE R: a stage's overrides at 256 px: from its shipped 128 px counterpart, on a short schedule
+  case $1 in
+    token_ce) echo "model.init_from=synthscenes_up$2_token_ce model.train.batches=250 model.train.val_every=250" ;;
+    mse_lpips) echo "model.train.batches=100 model.train.val_every=100" ;;
+    gan) echo "model.train.batches=100 model.train.val_every=100 model.loss.image.disc_start=25" ;;
+    down) echo "model.init_from=synthscenes_down$2 model.train.batches=150 model.train.val_every=150" ;;
+  esac
+}
 samplers() {  # R: U_r through its three loss stages, then D_r
-  local r=$1
-  train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES"
+  local r=$1 ce=() mse=() gan=() down=()
+  if [ "$SIZE" = 256 ]; then
+    read -ra ce <<< "$(at256 token_ce "$r")"; read -ra mse <<< "$(at256 mse_lpips "$r")"
+    read -ra gan <<< "$(at256 gan "$r")"; read -ra down <<< "$(at256 down "$r")"
+  fi
+  train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES" "${ce[@]}"
   train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export" \
-    "$SAMPLER_SCENES"
-  train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export" "$SAMPLER_SCENES"
-  train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES"
+    "$SAMPLER_SCENES" "${mse[@]}"
+  train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export" \
+    "$SAMPLER_SCENES" "${gan[@]}"
+  train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES" "${down[@]}"
 }
 samplers 2
-# exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
-train ar128_small experiment=zoo_ar_128_small
-# r=4's 32 px drafter (the shipped recipe, its 32 shards), then U_4 / D_4
-train ar32 experiment=zoo_ar_32
+if [ "$SIZE" = 128 ]; then
+  # exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
+  train ar128_small experiment=zoo_ar_128_small
+  # r=4's 32 px drafter (the shipped recipe, its 32 shards), then U_4 / D_4
+  train ar32 experiment=zoo_ar_32
+fi
 samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory
@@ -65,5 +95,5 @@ if [ "$DRY" != "--dry-run" ]; then
     done
     ln -sfn "$(realpath "$RUNS/down$r/export")" "$RUNS/zoo/synthscenes_down$r"
   done
-  "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 | tee "$RUNS/samplers_report.txt"
+  "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 --size "$SIZE" | tee "$RUNS/samplers_report.txt"
 fi
