@@ -262,3 +262,28 @@ def test_the_reference_is_written_from_the_current_schemas():
     assert OUT.read_text() == render(), "docs/reference.md is stale: python -m mulosd.config.reference"
     for key in ("`tau`", "`sjd_window`", "`lantern_k`", "`windows`", "`model.transformer.dim`", "`threads`"):
         assert key in render(), key
+
+
+@pytest.mark.parametrize("size", ["128", "256"])
+def test_every_downstream_stage_composes_and_validates(size, tmp_path):
+    """scripts/zoo_v2_downstream.sh --dry-run prints each stage's train.py command; every one composes and passes
+    the training checks (a misspelt override of the 256 px schedules would otherwise surface hours into a run),
+    and at 256 px each stage reads the 256 px shards at 256 px and U_r's first stage starts from the shipped one."""
+    r = subprocess.run(["bash", "scripts/zoo_v2_downstream.sh", "--dry-run"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "SIZE": size, "RUNS": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    commands = [line.split(" train.py ", 1)[1].split() for line in r.stdout.splitlines() if " train.py " in line]
+    assert len(commands) == (10 if size == "128" else 8)
+    for overrides in commands:
+        cfg = compose_config("train", overrides)
+        validate_train(cfg)
+        assert cfg.data.synth.size == cfg.data.image_size == int(size)
+        assert cfg.data.synth.dir.endswith(f"synthscenes{size}_big")
+    first = compose_config("train", commands[0])
+    assert first.model.init_from == (None if size == "128" else "synthscenes_up2_token_ce")
+
+
+def test_downstream_refuses_a_size_it_has_no_shards_for(tmp_path):
+    r = subprocess.run(["bash", "scripts/zoo_v2_downstream.sh", "--dry-run"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "SIZE": "64", "RUNS": str(tmp_path)})
+    assert r.returncode == 2 and "SIZE=64" in r.stderr and not any(tmp_path.iterdir())
