@@ -663,6 +663,33 @@ def test_growing_in_grids_keeps_the_function_on_the_old_grids_and_starts_a_new_o
         make((), 0).load_grown(make((2, 4), 0))
 
 
+def test_interpolated_positions_put_a_wider_grids_tokens_where_the_narrower_grids_are():
+    """rope_grid: a grid wider than rope_grid rotates token (2i, 2j) of a 2x grid as the rope_grid-wide grid rotates
+    (i, j) (the same place in the image), its odd tokens half-way; grids up to rope_grid keep their own positions,
+    so a model trained without it grows into one with it unchanged, and one that would move a trained grid's
+    positions is refused."""
+    def make(grids, grid, rope_grid, seed=0):
+        torch.manual_seed(seed)
+        return Transformer(TransformerConfig(vocab_size=32, grid=grid, grids=grids, dim=32, layers=2, heads=2,
+                                             cond_dim=16, rope_grid=rope_grid))
+
+    wide, narrow = make((2, 4, 8), 8, 4), make((2, 4, 8), 8, 4).at_grid(4)
+    P = wide.cfg.prefix
+    grid8, grid4 = wide.rope[P:].view(8, 8, -1, 2), narrow.rope[P:].view(4, 4, -1, 2)
+    torch.testing.assert_close(grid8[::2, ::2], grid4)
+    assert not torch.allclose(grid8[1::2, 1::2], grid4)
+    unscaled = make((2, 4, 8), 8, 0)
+    assert torch.equal(make((2, 4, 8), 8, 4).at_grid(4).rope, unscaled.at_grid(4).rope)  # narrow grids: their own
+    assert not torch.equal(wide.rope, unscaled.rope)
+    old, new = make((2, 4), 4, 0), make((2, 4, 8), 8, 4, seed=1)
+    new.load_grown(old)
+    tokens, cond = torch.randint(0, 32, (3, 16)), torch.randn(3, 4, 16)
+    torch.testing.assert_close(new.at_grid(4)(tokens, cond), old(tokens, cond))
+    with pytest.raises(ValueError, match="rope_grid: 0 there, 2 here"):
+        make((2, 4, 8), 8, 2).load_grown(old)
+    assert Transformer.from_config(new.to_config()).cfg.rope_grid == 4  # an export keeps it
+
+
 def test_training_time_adds_up_over_a_resumed_run(monkeypatch):
     import mulosd.lit.ar as lit
 

@@ -47,6 +47,9 @@ class TransformerConfig:
     # what RoPE does to the condition prefix: "identity" (no rotation), or "zero": LlamaGen's cos = sin = 0,
     # which zeroes the prefix's queries and keys (so prefix slots attend uniformly); needed for its weights
     prefix_rope: str = "identity"
+    # position interpolation: a grid wider than this one takes positions in its frame (index * rope_grid / grid),
+    # so that a token means the same place in the image at every size; smaller grids keep their own (0: none)
+    rope_grid: int = 0
     grids: tuple[int, ...] = ()  # a multi-resolution model's grids (`grid` is the one this instance runs at)
     positions: str = "rope"  # rope | learned: an absolute table over slots (AR-DTok's abs_pe)
     pos_slots: int = 0  # rows of the learned table; 0 = exactly what this prefix and grid need
@@ -65,6 +68,8 @@ class TransformerConfig:
                                  f"{self.slots - 1} position rows; the table has {self.pos_slots} (prefix at most "
                                  f"{self.pos_slots - self.grid * self.grid + 1})")
         self.grids = tuple(int(g) for g in self.grids)
+        if self.rope_grid < 0:
+            raise ValueError(f"rope_grid must be >= 0, got {self.rope_grid}")
         if self.grids and self.grid not in self.grids:
             raise ValueError(f"grid {self.grid} is not one of the model's grids {self.grids}")
 
@@ -83,13 +88,20 @@ class RMSNorm(nn.Module):
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * self.weight
 
 
+def _grid_positions(cfg: TransformerConfig, grid: int) -> list[float]:
+    """The RoPE position of each row (and column) of a `grid`-wide grid under cfg."""
+    scale = cfg.rope_grid / grid if 0 < cfg.rope_grid < grid else 1.0
+    return [i * scale for i in range(grid)]
+
+
 def rope_2d(cfg: TransformerConfig) -> torch.Tensor:
     """cos/sin [slots, head_dim/2, 2]: half of each head rotates with the row, half with the column.
-    Prefix slots get no rotation, or (prefix_rope="zero") LlamaGen's all-zero cos/sin."""
+    Prefix slots get no rotation, or (prefix_rope="zero") LlamaGen's all-zero cos/sin. A grid wider than
+    `rope_grid` takes fractional positions in that grid's frame."""
     head_dim = cfg.dim // cfg.heads
     quarter = head_dim // 4
     freqs = 1.0 / cfg.rope_base ** (torch.arange(quarter).float() / quarter)
-    g = torch.arange(cfg.grid).float()
+    g = torch.tensor(_grid_positions(cfg, cfg.grid))
     rows, cols = g.repeat_interleave(cfg.grid), g.repeat(cfg.grid)
     angles = torch.cat([rows[:, None] * freqs, cols[:, None] * freqs], dim=1)  # [N, head_dim/2]
     grid_rope = torch.stack([angles.cos(), angles.sin()], dim=-1)
@@ -251,12 +263,16 @@ class Transformer(nn.Module):
         block's are rather than from noise. Growing in grids (a multi-resolution model from one over fewer
         grids, or from a single-grid model), a new grid's resolution embedding starts as the nearest old grid's
         (zero from a single-grid model, which has none): the new view starts as the model at its nearest size."""
-        skip = ("grid", "grids", "layers")
+        skip = ("grid", "grids", "layers", "rope_grid")
         theirs, ours = ({k: v for k, v in m.to_config().items() if k not in skip} for m in (other, self))
         changed = [f"{k}: {theirs[k]} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]]
+        their_grids = other.cfg.grids or (other.cfg.grid,)
+        if self.cfg.positions == "rope" and any(_grid_positions(self.cfg, g) != _grid_positions(other.cfg, g)
+                                                 for g in their_grids):
+            changed.append(f"rope_grid: {other.cfg.rope_grid} there, {self.cfg.rope_grid} here (it moves the "
+                           "positions of a grid the model was trained on)")
         if other.cfg.layers > self.cfg.layers:
             changed.append(f"layers: {other.cfg.layers} there, {self.cfg.layers} here (it can only grow)")
-        their_grids = other.cfg.grids or (other.cfg.grid,)
         if self.cfg.grids and not set(their_grids) <= set(self.cfg.grids) or not self.cfg.grids and other.cfg.grids:
             changed.append(f"grids: {their_grids} there, {self.cfg.grids or (self.cfg.grid,)} here (they can only "
                            "grow)")
