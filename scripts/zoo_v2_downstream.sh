@@ -29,9 +29,14 @@ SIZE=${SIZE:-128}
 WORLD=("data.synth.dir=data/shards/synthscenes${SIZE}_big" "data.synth.radius=[0.11,0.145]"
        "data.synth.first_shard=${FIRST_SHARD:-0}")
 SAMPLER_SCENES="data.synth.train_shards=192"  # the small drafter keeps its recipe's 32 shards: it tokenises them all
+CE=() MSE=() GAN=() DOWN=()  # each stage's schedule where it is not its recipe's
 if [ "$SIZE" = 256 ]; then
   WORLD+=("data.image_size=256" "data.synth.size=256")
   SAMPLER_SCENES="data.synth.train_shards=48"   # what zoo v3's first cycle wrote
+  CE=(model.train.batches=250 model.train.val_every=250)
+  MSE=(model.train.batches=100 model.train.val_every=100)
+  GAN=(model.train.batches=100 model.train.val_every=100 model.loss.image.disc_start=25)
+  DOWN=(model.train.batches=150 model.train.val_every=150)
 elif [ "$SIZE" != 128 ]; then
   echo "error: SIZE=$SIZE: the samplers train at 128 px (zoo v2) or 256 px (zoo v3)" >&2
   exit 2
@@ -57,26 +62,18 @@ train() {  # NAME OVERRIDES...: one training run in RUNS/NAME, resumed if it has
 }
 
 mkdir -p "$RUNS"
-at256() {  # STAGE R: a stage's overrides at 256 px: from its shipped 128 px counterpart, on a short schedule
-  case $1 in
-    token_ce) echo "model.init_from=synthscenes_up$2_token_ce model.train.batches=250 model.train.val_every=250" ;;
-    mse_lpips) echo "model.train.batches=100 model.train.val_every=100" ;;
-    gan) echo "model.train.batches=100 model.train.val_every=100 model.loss.image.disc_start=25" ;;
-    down) echo "model.init_from=synthscenes_down$2 model.train.batches=150 model.train.val_every=150" ;;
-  esac
-}
 samplers() {  # R: U_r through its three loss stages, then D_r
-  local r=$1 ce=() mse=() gan=() down=()
-  if [ "$SIZE" = 256 ]; then
-    read -ra ce <<< "$(at256 token_ce "$r")"; read -ra mse <<< "$(at256 mse_lpips "$r")"
-    read -ra gan <<< "$(at256 gan "$r")"; read -ra down <<< "$(at256 down "$r")"
+  local r=$1 ce_from=() down_from=()
+  if [ "$SIZE" = 256 ]; then  # from the shipped 128 px stages
+    ce_from=("model.init_from=synthscenes_up${r}_token_ce")
+    down_from=("model.init_from=synthscenes_down$r")
   fi
-  train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES" "${ce[@]}"
+  train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES" "${ce_from[@]}" "${CE[@]}"
   train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export" \
-    "$SAMPLER_SCENES" "${mse[@]}"
+    "$SAMPLER_SCENES" "${MSE[@]}"
   train "up${r}_gan" experiment=upsampler_gan "r=$r" "model.init_from=$RUNS/up${r}_mse_lpips/export" \
-    "$SAMPLER_SCENES" "${gan[@]}"
-  train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES" "${down[@]}"
+    "$SAMPLER_SCENES" "${GAN[@]}"
+  train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES" "${down_from[@]}" "${DOWN[@]}"
 }
 samplers 2
 if [ "$SIZE" = 128 ]; then
