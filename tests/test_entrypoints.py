@@ -117,21 +117,25 @@ def test_zoo_cycle_refuses_bad_arguments_before_touching_anything(tmp_path):
 
 def test_a_later_cycle_trains_from_its_start_at_the_lower_peak_learning_rate(tmp_path):
     """scripts/zoo_cycle.sh's training command, read through a stand-in interpreter that records it: cycle 1 keeps
-    the recipe's learning rate, a later cycle gets LR (default or given), and an lr override wins over both."""
+    the recipe's learning rate, a later cycle gets LR (default or given), and an lr override wins over both; a
+    cycle trains on its own fresh shards unless FIRST_SHARD names others."""
     fake = tmp_path / "py"
     fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$ARGS_OUT"\nexit 1\n')
     fake.chmod(0o755)
 
-    def command(*args, **env):
+    def command(*args, keys=("model.optim.lr=", "model.init_from="), **env):
         out = tmp_path / "args.txt"
         out.unlink(missing_ok=True)
         subprocess.run(["bash", "scripts/zoo_cycle.sh", *args], cwd=ROOT, capture_output=True, timeout=60,
                        env={"PATH": "/usr/bin:/bin", "RUNS": str(tmp_path / "runs"), "PY": str(fake),
                             "ARGS_OUT": str(out), **env})
-        return [a for a in out.read_text().splitlines() if a.startswith(("model.optim.lr=", "model.init_from="))]
+        return [a for a in out.read_text().splitlines() if a.startswith(keys)]
 
     assert command("1") == []
     assert command("2", "zoo/synthscenes_ar_v2") == ["model.init_from=zoo/synthscenes_ar_v2", "model.optim.lr=3e-4"]
     assert command("2", "zoo/synthscenes_ar_v2", LR="1e-4")[1:] == ["model.optim.lr=1e-4"]
     assert command("2", "zoo/synthscenes_ar_v2", "model.optim.lr=5e-4") == [
         "model.optim.lr=5e-4", "model.init_from=zoo/synthscenes_ar_v2"]
+    shards = ("data.synth.first_shard=",)
+    assert command("3", "zoo/synthscenes_ar_v2", keys=shards) == ["data.synth.first_shard=192"]
+    assert command("3", "zoo/synthscenes_ar_v2", keys=shards, FIRST_SHARD="0") == ["data.synth.first_shard=0"]
