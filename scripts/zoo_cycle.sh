@@ -33,7 +33,6 @@ RUNS=${RUNS:-../runs/zoo_cycles}
 BATCHES=${BATCHES:-2250}  # what trains, tunes and reports inside one session here (docs/log.md, zoo v2)
 STRIDE=96                 # cycle N's shards start at STRIDE (N-1), whatever SHARDS a cycle uses
 SHARDS=${SHARDS:-$STRIDE}
-FIRST_SHARD=${FIRST_SHARD:-}  # set: train on these shards instead of the cycle's fresh ones
 # a later cycle starts from a trained model: re-warming it to the recipe's peak knocked its raw weights back for most
 # of the cycle (only the EMA export kept the cycle's gain); a lower peak does not (docs/log.md, zoo v2, cycle 6)
 LR=${LR:-3e-4}
@@ -51,7 +50,7 @@ if [ "$SHARDS" -gt "$STRIDE" ]; then
     echo "error: SHARDS=$SHARDS would reach into the next cycle's shards (at most $STRIDE)" >&2
     exit 2
 fi
-FIRST=${FIRST_SHARD:-$(( (N - 1) * STRIDE ))}
+FIRST_SHARD=${FIRST_SHARD:-$(( (N - 1) * STRIDE ))}  # the cycle's fresh shards unless told others
 if [ "$N" -gt 1 ] && [ -z "$INIT" ]; then
     echo "error: cycle $N starts from the previous cycle's export: give it (a run's export/ or a zoo name)" >&2
     exit 2
@@ -62,7 +61,7 @@ export PYTHONUNBUFFERED=1
 
 if [ ! -f "$RUN/export/config.json" ]; then
     ARGS=("experiment=$EXPERIMENT" "model.train.batches=$BATCHES" "data.synth.train_shards=$SHARDS"
-          "data.synth.first_shard=$FIRST" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
+          "data.synth.first_shard=$FIRST_SHARD" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs"
           "${VAL[@]}" "${EXTRA[@]}")
     [ -n "$INIT" ] && ARGS+=("model.init_from=$INIT" "${LRS[@]}")
     [ -f "$RUN/checkpoints/last.ckpt" ] && ARGS+=("ckpt_path=$RUN/checkpoints/last.ckpt")
