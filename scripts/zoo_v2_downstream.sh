@@ -86,11 +86,12 @@ samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory
   mkdir -p "$RUNS/zoo"
+  family=synthscenes; [ "$SIZE" = 128 ] || family=synthscenes$SIZE  # mulosd.zoo.sampler_name
   for r in 2 4; do
     for stage in token_ce mse_lpips gan; do
-      ln -sfn "$(realpath "$RUNS/up${r}_$stage/export")" "$RUNS/zoo/synthscenes_up${r}_$stage"
+      ln -sfn "$(realpath "$RUNS/up${r}_$stage/export")" "$RUNS/zoo/${family}_up${r}_$stage"
     done
-    ln -sfn "$(realpath "$RUNS/down$r/export")" "$RUNS/zoo/synthscenes_down$r"
+    ln -sfn "$(realpath "$RUNS/down$r/export")" "$RUNS/zoo/${family}_down$r"
   done
   "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 --size "$SIZE" | tee "$RUNS/samplers_report.txt"
 fi

@@ -249,6 +249,15 @@ def test_a_sampler_for_another_tokenizer_is_refused(tmp_path, tiny_tokenizer):
         load_sampler(tmp_path / "up", tokenizer=tmp_path / "other")
 
 
+def test_sampler_names_carry_the_verifier_size():
+    """U_r and D_r are trained between one pair of grids: the 256 px verifier's are not zoo v2's 128 px ones."""
+    from mulosd.zoo import sampler_name
+
+    assert (sampler_name(2, "gan"), sampler_name(4)) == ("synthscenes_up2_gan", "synthscenes_down4")  # zoo v2
+    assert (sampler_name(2, "gan", 256), sampler_name(4, size=256)) == ("synthscenes256_up2_gan",
+                                                                         "synthscenes256_down4")
+
+
 @pytest.mark.slow
 def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     from mulosd.reports.samplers import main

@@ -91,7 +91,7 @@ class Pipeline:
     @classmethod
     def synthscenes(cls, cfg: DictConfig, strategies: list[Strategy]) -> Pipeline:
         """The SynthScenes zoo (or exported runs given by path in `models.*`)."""
-        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer, sample_at
+        from .zoo import check_same_tokenizer, load_ar, load_sampler, load_tokenizer, sample_at, sampler_name
 
         m, r = cfg.models, cfg.r
         tokenizer = _load("models.tokenizer", load_tokenizer, m.tokenizer, device=cfg.device)
@@ -118,10 +118,11 @@ class Pipeline:
             if net.cfg.grid != r * drafter.net.cfg.grid:
                 raise ConfigError("r", f"verifier grid {net.cfg.grid} is not r={r} x the drafter grid "
                                        f"{drafter.net.cfg.grid}")
-            up = m.up or f"synthscenes_up{r}_{cfg.stage}"
+            # the zoo's samplers for this verifier size (U_r / D_r are trained between one pair of grids)
+            up = m.up or sampler_name(r, cfg.stage, meta["resolution"])
+            down = m.down or sampler_name(r, size=meta["resolution"])
             parts |= {"drafter": drafter, "up": _upsampler(cfg, tokenizer, up, tokenizer, device=cfg.device),
-                      "down": _load("models.down", load_sampler, m.down or f"synthscenes_down{r}", m.tokenizer,
-                                    device=cfg.device)[0].down}
+                      "down": _load("models.down", load_sampler, down, m.tokenizer, device=cfg.device)[0].down}
         if _drafts(strategies, "small"):
             small, small_encoder, smeta = _load("models.small", load_ar, m.small, device=cfg.device)
             _load("models.small", check_same_tokenizer, smeta, m.tokenizer, f"small drafter {m.small!r}")

@@ -19,6 +19,15 @@ from .paths import ROOT, ZOO
 from .tokenizer import VQModel
 
 TOKENIZER = "synthscenes_vq_f8"
+SAMPLER_SIZE = 128  # the verifier size (px) of zoo v2, whose samplers keep the names they first shipped under
+
+
+def sampler_name(r: int, stage: str | None = None, size: int = SAMPLER_SIZE) -> str:
+    """The zoo name of U_r at a loss stage (or of D_r, without one) between the grids of a `size` px verifier and
+    its 1/r view: synthscenes_up2_gan at 128 px, synthscenes256_up2_gan at 256 px. The samplers are convolutional
+    and would run at any grid, but each is trained at one."""
+    family = "synthscenes" if size == SAMPLER_SIZE else f"synthscenes{size}"
+    return f"{family}_down{r}" if stage is None else f"{family}_up{r}_{stage}"
 
 
 def git_revision() -> str:

@@ -31,8 +31,10 @@ class InferModelsConfig:
     drafter: str | None = knob(None, "mulosd's low-res drafter M_q (null: the verifier itself where it draws at "
                                      "128/r px, as at r=2, else synthscenes_ar_{128/r})")
     small: str = knob("synthscenes_ar_128_small", "sd / lantern's same-resolution drafter")
-    up: str | None = knob(None, "the up-sampler U_r (null: synthscenes_up{r}_{stage})")
-    down: str | None = knob(None, "the down-sampler D_r (null: synthscenes_down{r})")
+    up: str | None = knob(None, "the up-sampler U_r (null: the zoo's for the verifier's size, "
+                                "synthscenes_up{r}_{stage} at 128 px)")
+    down: str | None = knob(None, "the down-sampler D_r (null: the zoo's for the verifier's size, "
+                                  "synthscenes_down{r} at 128 px)")
 
 
 @dataclass

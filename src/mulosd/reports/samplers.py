@@ -1,14 +1,15 @@
 """python -m mulosd.reports.samplers [--n 200] [--size 128] [--dir zoo] [--tokenizer NAME]
 
 The paper's ablation (a) on held-out SynthScenes at 128 px (`--size 256`: at the grids of the zoo's 256 px verifier
-and its drafters, 16 x 16 -> 32 x 32 at r = 2; U_r and D_r are convolutional): for each up-sampler loss stage and
+and its drafters, 16 x 16 -> 32 x 32 at r = 2, with the samplers trained there): for each up-sampler loss stage and
 for the pixel-space path, at r = 2 and 4, the up-sampled drafts of VQ(low-res image) against VQ(high-res image):
 token accuracy, PSNR and LPIPS of the decoded draft against the high-res image, FD-VGG of the drafts against the
 high-res images as a set (what the PatchGAN stage optimises; 200 images bias it, so compare rows, not other tables),
 and the judge's agreement on the decoded draft (true caption accepted, a minimally falsified one rejected).
 `VQ(high)` is the ceiling (the tokenizer's own round trip), and D_r's row its accuracy against VQ(low-res image).
-Samplers are read from DIR by their zoo names: synthscenes_up{r}_{stage}, synthscenes_down{r}, and the pixel
-path's trained SR network synthscenes_sr{r} (experiment=pixel_sr).
+Samplers are read from DIR by their zoo names (mulosd.zoo.sampler_name: synthscenes_up{r}_{stage} and
+synthscenes_down{r} at 128 px, synthscenes256_up{r}_{stage} and synthscenes256_down{r} at 256 px), and the pixel
+path's trained SR network synthscenes_sr{r} (experiment=pixel_sr, trained at 128 px).
 """
 
 from __future__ import annotations
@@ -32,15 +33,11 @@ from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
-from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config, world_radius
+from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config, sampler_name, world_radius
 from . import publish
 
 STAGES = SAMPLER_STAGES
 SIZE = 128  # the high-res side the samplers were trained at
-
-
-def sampler_name(r: int, stage: str | None = None) -> str:
-    return f"synthscenes_down{r}" if stage is None else f"synthscenes_up{r}_{stage}"
 
 
 def sr_name(r: int) -> str:
@@ -62,7 +59,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
         sr = directory / sr_name(r)
         methods["pixel SR (trained)"] = PixelUpsampler(tokenizer, r, load_sr(sr, r)) if sr.is_dir() else "missing"
         for stage in STAGES:
-            path = directory / sampler_name(r, stage)
+            path = directory / sampler_name(r, stage, size)
             methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"
         rows = {}
         for name, method in tqdm(methods.items(), desc=f"samplers r={r}", unit="method", file=sys.stderr):
@@ -87,7 +84,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
             rows[name] = {"acc": torch.cat(acc).mean().item(), "psnr": torch.cat(ps).mean().item(),
                           "lpips": torch.cat(lp).mean().item(), "fd": frechet_distance(vgg_features(drafts), reference),
                           "judge": float(np.mean(agree))}
-        down = directory / sampler_name(r)
+        down = directory / sampler_name(r, size=size)
         if down.is_dir():
             d = load_sampler(down, tokenizer_name)[0]
             hits = []
@@ -167,7 +164,7 @@ def main(argv=None) -> int:
         ap.error(f"--size must be a multiple of 32 (the tokenizer's 8 px cells at r = 4), got {args.size}")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        first = args.dir / sampler_name(2, "token_ce")
+        first = args.dir / sampler_name(2, "token_ce", args.size)
         radius = tuple(args.radius) if args.radius else world_radius(read_config(first) if first.is_dir() else {})
         results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius, size=args.size)
     except (FileNotFoundError, ValueError) as e:
