@@ -236,6 +236,20 @@ def test_size_picks_the_grid_a_multi_resolution_verifier_decodes_at(tiny_zoo):
     with pytest.raises(ConfigError, match="size"):
         validate_infer(compose_config("infer", ["backbone=tar", "size=256"]))
 
+def test_the_shipped_256_px_verifier_drafts_with_its_128_px_view_and_looks_for_its_own_samplers():
+    """Zoo v3 at size=256: U_2 / D_2 between its 16 x 16 and 32 x 32 grids are synthscenes256_*; until they ship,
+    a decode that needs them is a one-line error naming them, and samplers given by name are taken as given."""
+    from mulosd.config import ConfigError
+
+    base = ["models.verifier=synthscenes_ar_v3", "size=256", "prompt=two crosses"]
+    with pytest.raises(ConfigError, match="synthscenes256_up2_gan"):
+        Pipeline.from_config(compose_config("infer", base), {"mulosd"})
+    pipe = Pipeline.from_config(compose_config("infer", base + ["models.up=synthscenes_up2_gan",
+                                                                "models.down=synthscenes_down2"]), {"mulosd"})
+    assert (pipe.grid, pipe.drafter.net.cfg.grid) == (32, 16)
+    assert pipe.drafter.net.head.weight is pipe.verifier.net.head.weight  # one copy of the weights
+
+
 def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zoo, tmp_path):
     import json
     import shutil
