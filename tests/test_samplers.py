@@ -266,8 +266,9 @@ def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     tok = load_tokenizer(tiny_tokenizer)
     for r in (2, 4):
         up = LatentUpsampler(tok.codebook(), r, width=16, depth=1, head="logits")
-        save(up, "sampler", tmp_path / f"synthscenes_up{r}_token_ce", recipe="test", stage="token_ce")
-    assert main(["--n", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer),
+        save(up, "sampler", tmp_path / f"synthscenes256_up{r}_token_ce", recipe="test", stage="token_ce")
+    # samplers named for a 256 px verifier, measured at 128 px (what --size 256 --trained-at 128 does the other way)
+    assert main(["--n", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer), "--trained-at", "256",
                  "--out", str(tmp_path / "ablation.md")]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1].startswith("samplers: size=128 r2_ce_acc=") and "r4_gan_lpips=nan" in out[-1]

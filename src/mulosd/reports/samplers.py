@@ -46,7 +46,10 @@ def sr_name(r: int) -> str:
 
 @torch.no_grad()
 def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2, 4), batch: int = 50,
-             radius: tuple[float, float] = vocab.RADIUS_RANGE, size: int = SIZE) -> dict:
+             radius: tuple[float, float] = vocab.RADIUS_RANGE, size: int = SIZE, trained_at: int | None = None) -> dict:
+    """`trained_at`: read the samplers trained for a verifier of that size (default: `size`), e.g. zoo v2's 128 px
+    samplers run on the 256 px grids."""
+    trained_at = trained_at or size
     lpips = build_lpips("alex")
     scenes = [sample_scene(EVAL_SEED, i, radius=radius) for i in range(n)]
     wrongs = [falsify(s, np.random.default_rng([EVAL_SEED, i, 1])) for i, s in enumerate(scenes)]
@@ -59,7 +62,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
         sr = directory / sr_name(r)
         methods["pixel SR (trained)"] = PixelUpsampler(tokenizer, r, load_sr(sr, r)) if sr.is_dir() else "missing"
         for stage in STAGES:
-            path = directory / sampler_name(r, stage, size)
+            path = directory / sampler_name(r, stage, trained_at)
             methods[f"latent {stage}"] = load_sampler(path, tokenizer_name)[0] if path.is_dir() else "missing"
         rows = {}
         for name, method in tqdm(methods.items(), desc=f"samplers r={r}", unit="method", file=sys.stderr):
@@ -84,7 +87,7 @@ def evaluate(tokenizer, directory: Path, tokenizer_name, n: int = 200, ratios=(2
             rows[name] = {"acc": torch.cat(acc).mean().item(), "psnr": torch.cat(ps).mean().item(),
                           "lpips": torch.cat(lp).mean().item(), "fd": frechet_distance(vgg_features(drafts), reference),
                           "judge": float(np.mean(agree))}
-        down = directory / sampler_name(r, size=size)
+        down = directory / sampler_name(r, size=trained_at)
         if down.is_dir():
             d = load_sampler(down, tokenizer_name)[0]
             hits = []
@@ -152,6 +155,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--size", type=int, default=SIZE, help="the high-res side in px (128: 16 x 16 tokens)")
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
+    ap.add_argument("--trained-at", type=int, metavar="PX",
+                    help="the samplers trained for a verifier of this size (default: --size), e.g. --size 256 "
+                         "--trained-at 128: zoo v2's samplers on the 256 px grids")
     ap.add_argument("--tokenizer", default=TOKENIZER)
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
     ap.add_argument("--radius", type=float, nargs=2, metavar=("LO", "HI"),
@@ -164,9 +170,10 @@ def main(argv=None) -> int:
         ap.error(f"--size must be a multiple of 32 (the tokenizer's 8 px cells at r = 4), got {args.size}")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        first = args.dir / sampler_name(2, "token_ce", args.size)
+        first = args.dir / sampler_name(2, "token_ce", args.trained_at or args.size)
         radius = tuple(args.radius) if args.radius else world_radius(read_config(first) if first.is_dir() else {})
-        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius, size=args.size)
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius, size=args.size,
+                           trained_at=args.trained_at)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
