@@ -33,11 +33,20 @@ from ..eval.pixels import psnr
 from ..losses import build_lpips
 from ..paths import ZOO
 from ..samplers.pixel import PixelUpsampler
-from ..zoo import TOKENIZER, load_sampler, load_sr, load_tokenizer, read_config, sampler_name, world_radius
+from ..zoo import (
+    SAMPLER_SIZE,
+    TOKENIZER,
+    load_sampler,
+    load_sr,
+    load_tokenizer,
+    read_config,
+    sampler_name,
+    world_radius,
+)
 from . import publish
 
 STAGES = SAMPLER_STAGES
-SIZE = 128  # the high-res side the samplers were trained at
+SIZE = SAMPLER_SIZE  # the high-res side the zoo's first samplers were trained at
 
 
 def sr_name(r: int) -> str:
