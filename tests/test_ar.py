@@ -5,6 +5,7 @@ import contextlib
 import re
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -348,6 +349,22 @@ def test_report_and_tokenizer_mismatch(tmp_path, tiny_tokenizer, capsys):
     assert main(["--n", "3", "--batch", "3", "--models", str(ar), "--tokenizer", str(tiny_tokenizer),
                  "--cfg-scale", "7", "--cfg-schedule", "linear", "--prompt-seed", "777"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[3].split("|")[5].strip() == "7.0 linear"
+
+
+def test_the_report_line_names_each_size_by_the_first_model_measured_there(tiny_zoo, capsys, monkeypatch):
+    import mulosd.reports.ar as report
+
+    def evaluate(name, *args, resolution=None, **kwargs):  # a distinct score per (model, size)
+        score = {"ar128": 0.25, "multi": 0.5}[Path(name).name] + (resolution or 128) / 1000
+        return {"resolution": resolution or 128, "grid": 16, "params": 1, "score": {"geneval": score},
+                "ms_per_token": 1.0, "images_per_s": 1.0, "cfg_scale": 2.0, "cfg_schedule": "constant"}
+
+    monkeypatch.setattr(report, "evaluate", evaluate)
+    common = ["--n", "2", "--tokenizer", str(tiny_zoo / "tok")]
+    assert report.main([*common, "--models", f"{tiny_zoo / 'ar128'},{tiny_zoo / 'multi'}"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "ar: geneval64=0.564 geneval128=0.378 ms_per_token128=1.00"
+    assert report.main([*common, "--models", f"{tiny_zoo / 'multi'},{tiny_zoo / 'ar128'}"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "ar: geneval64=0.564 geneval128=0.628 ms_per_token128=1.00"
 
 
 def test_the_report_measures_each_size_of_a_multi_resolution_model_or_only_the_ones_asked(tiny_zoo, capsys):

@@ -1,10 +1,12 @@
-"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,synthscenes_ar_v2]
+"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,synthscenes_ar_v2,synthscenes_ar_v3]
 
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
 set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
 (per category and averaged), per-token latency at batch 1 (the sequential step a speculative decoder saves)
 and batched throughput, on this machine's CPU. With --fd also FD-VGG against the world's own renders of the
-same prompts at the model's size (in the world geometry --radius).
+same prompts at the model's size (in the world geometry --radius). The last line gives GenEval per size, each
+from the first model measured at it (by default: zoo v2 at 64 and 128 px, zoo v3 at 256 px; v3's 128 and 64 px
+views, its drafters, are rows of the table).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..tokenizer import tokens_to_images
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config, world_radius
 
-MODELS = ("synthscenes_ar_32", "synthscenes_ar_v2")
+MODELS = ("synthscenes_ar_32", "synthscenes_ar_v2", "synthscenes_ar_v3")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
@@ -118,7 +120,9 @@ def main(argv=None) -> int:
               + " | ".join(f"{r['score'].get(c, float('nan')):.2f}" for c in cats)
               + f" | {r['score']['geneval']:.3f} | {r['ms_per_token']:.2f} | {r['images_per_s']:.2f} |"
               + (f" {r['fd_vgg']:.2f} |" if args.fd else ""))
-    by_res = {r["resolution"]: r for r in rows.values()}
+    by_res = {}
+    for r in rows.values():
+        by_res.setdefault(r["resolution"], r)
     fields = [f"geneval{res}={by_res[res]['score']['geneval']:.3f}" for res in sorted(by_res)]
     if 128 in by_res:
         fields.append(f"ms_per_token128={by_res[128]['ms_per_token']:.2f}")
