@@ -9,6 +9,7 @@
 #   scripts/zoo_v2_downstream.sh --dry-run       # print the commands only
 #   FIRST_SHARD=384 scripts/zoo_v2_downstream.sh # train on world-big shards already written (e.g. by zoo cycles)
 #   SIZE=256 RUNS=../runs/zoo_v3 scripts/zoo_v2_downstream.sh   # zoo v3's grids (below)
+#   SIZE=256 INIT=../runs/zoo128/ ...            # the 128 px stages to start from, where the zoo no longer ships them
 #
 # r=2 (infer.py's default) comes first, then the small drafter, then r=4 (its 32 px drafter and samplers).
 #
@@ -19,7 +20,10 @@
 # and 8 x 8) on the 256 px shards zoo v3's cycles write. The samplers are convolutional, so each stage starts from
 # its shipped 128 px counterpart on a short schedule (a 256 px batch costs about four 128 px ones);
 # the small drafter and the 32 px drafter are not needed there (the 256 px model drafts with its own 128 / 64 px
-# views).
+# views). The zoo shipped the 128 px r = 4 stages until its 256 px samplers took their room; INIT=DIR/ takes them
+# from a folder instead, e.g. from git history:
+#   mkdir -p ../runs/zoo128 && git archive dbd8881 zoo/synthscenes_up4_token_ce zoo/synthscenes_down4 \
+#       | tar -x -C ../runs/zoo128 --strip-components=1
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -65,8 +69,8 @@ mkdir -p "$RUNS"
 samplers() {  # R: U_r through its three loss stages, then D_r
   local r=$1 ce_from=() down_from=()
   if [ "$SIZE" = 256 ]; then  # from the shipped 128 px stages
-    ce_from=("model.init_from=synthscenes_up${r}_token_ce")
-    down_from=("model.init_from=synthscenes_down$r")
+    ce_from=("model.init_from=${INIT:-}synthscenes_up${r}_token_ce")
+    down_from=("model.init_from=${INIT:-}synthscenes_down$r")
   fi
   train "up${r}_token_ce" experiment=upsampler_ce "r=$r" "$SAMPLER_SCENES" "${ce_from[@]}" "${CE[@]}"
   train "up${r}_mse_lpips" experiment=upsampler_mse_lpips "r=$r" "model.init_from=$RUNS/up${r}_token_ce/export" \

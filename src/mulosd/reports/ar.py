@@ -1,4 +1,4 @@
-"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_32,synthscenes_ar_v2,synthscenes_ar_v3]
+"""python -m mulosd.reports.ar [--n 200] [--batch 25] [--models synthscenes_ar_v2,synthscenes_ar_v3]
 
 Plain AR sampling with classifier-free guidance (each model's recorded defaults) on the fixed held-out prompt
 set, at every resolution (a multi-resolution model at each of its sizes, as NAME@PX): SynthScenes-GenEval
@@ -26,7 +26,7 @@ from ..eval import EVAL_SEED, geneval_score, prompt_set, reference_renders
 from ..tokenizer import tokens_to_images
 from ..zoo import TOKENIZER, check_same_tokenizer, load_ar, load_tokenizer, read_config, world_radius
 
-MODELS = ("synthscenes_ar_32", "synthscenes_ar_v2", "synthscenes_ar_v3")
+MODELS = ("synthscenes_ar_v2", "synthscenes_ar_v3")
 
 
 def evaluate(model_name: str, tokenizer_name: str, prompts: list[str], batch: int, latency_prompts: int = 4,
