@@ -10,6 +10,7 @@
 #   FIRST_SHARD=384 scripts/zoo_v2_downstream.sh # train on world-big shards already written (e.g. by zoo cycles)
 #   SIZE=256 RUNS=../runs/zoo_v3 scripts/zoo_v2_downstream.sh   # zoo v3's grids (below)
 #   SIZE=256 INIT=../runs/zoo128/ ...            # the 128 px stages to start from, where the zoo no longer ships them
+#   RATIOS=4 SIZE=256 ...                        # only these r (default: 2 4)
 #
 # r=2 (infer.py's default) comes first, then the small drafter, then r=4 (its 32 px drafter and samplers).
 #
@@ -30,6 +31,7 @@ PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/zoo_v2}
 DRY=${1:-}
 SIZE=${SIZE:-128}
+RATIOS=${RATIOS:-2 4}
 WORLD=("data.synth.dir=data/shards/synthscenes${SIZE}_big" "data.synth.radius=[0.11,0.145]"
        "data.synth.first_shard=${FIRST_SHARD:-0}")
 SAMPLER_SCENES="data.synth.train_shards=192"  # the small drafter keeps its recipe's 32 shards: it tokenises them all
@@ -79,19 +81,19 @@ samplers() {  # R: U_r through its three loss stages, then D_r
     "$SAMPLER_SCENES" "${GAN[@]}"
   train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES" "${down_from[@]}" "${DOWN[@]}"
 }
-samplers 2
+[[ " $RATIOS " == *" 2 "* ]] && samplers 2
 if [ "$SIZE" = 128 ]; then
   # exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
   train ar128_small experiment=zoo_ar_128_small
   # r=4's 32 px drafter (the shipped recipe, its 32 shards), then U_4 / D_4
   train ar32 experiment=zoo_ar_32
 fi
-samplers 4
+[[ " $RATIOS " == *" 4 "* ]] && samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory
   mkdir -p "$RUNS/zoo"
   family=synthscenes; [ "$SIZE" = 128 ] || family=synthscenes$SIZE  # mulosd.zoo.sampler_name
-  for r in 2 4; do
+  for r in $RATIOS; do
     for stage in token_ce mse_lpips gan; do
       ln -sfn "$(realpath "$RUNS/up${r}_$stage/export")" "$RUNS/zoo/${family}_up${r}_$stage"
     done
