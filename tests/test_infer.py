@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,18 +237,24 @@ def test_size_picks_the_grid_a_multi_resolution_verifier_decodes_at(tiny_zoo):
     with pytest.raises(ConfigError, match="size"):
         validate_infer(compose_config("infer", ["backbone=tar", "size=256"]))
 
-def test_the_shipped_256_px_verifier_drafts_with_its_128_px_view_and_looks_for_its_own_samplers():
-    """Zoo v3 at size=256: U_2 / D_2 between its 16 x 16 and 32 x 32 grids are synthscenes256_*; until they ship,
-    a decode that needs them is a one-line error naming them, and samplers given by name are taken as given."""
+def test_the_shipped_256_px_verifier_drafts_with_its_128_px_view_and_its_own_samplers(monkeypatch):
+    """Zoo v3 at size=256: U_2 / D_2 are the ones trained between its 16 x 16 and 32 x 32 grids (synthscenes256_*),
+    not the 128 px ones; r = 4 there (its 64 px view drafting) has none yet: a one-line error naming them."""
+    import mulosd.zoo as zoo
     from mulosd.config import ConfigError
 
+    loaded, load_sampler = [], zoo.load_sampler
+    monkeypatch.setattr(zoo, "load_sampler", lambda name, *a, **k: loaded.append(name) or load_sampler(name, *a, **k))
     base = ["models.verifier=synthscenes_ar_v3", "size=256", "prompt=two crosses"]
-    with pytest.raises(ConfigError, match="synthscenes256_up2_gan"):
-        Pipeline.from_config(compose_config("infer", base), {"mulosd"})
-    pipe = Pipeline.from_config(compose_config("infer", base + ["models.up=synthscenes_up2_gan",
-                                                                "models.down=synthscenes_down2"]), {"mulosd"})
+    pipe = Pipeline.from_config(compose_config("infer", base), {"mulosd"})
     assert (pipe.grid, pipe.drafter.net.cfg.grid) == (32, 16)
     assert pipe.drafter.net.head.weight is pipe.verifier.net.head.weight  # one copy of the weights
+    assert [Path(n).name for n in loaded] == ["synthscenes256_up2_gan", "synthscenes256_down2"]
+    loaded.clear()
+    Pipeline.from_config(compose_config("infer", base + ["stage=mse_lpips"]), {"mulosd"})
+    assert Path(loaded[0]).name == "synthscenes256_up2_mse_lpips"
+    with pytest.raises(ConfigError, match="synthscenes256_up4_gan"):
+        Pipeline.from_config(compose_config("infer", base + ["r=4"]), {"mulosd"})
 
 
 def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zoo, tmp_path):
