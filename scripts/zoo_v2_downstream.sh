@@ -81,14 +81,15 @@ samplers() {  # R: U_r through its three loss stages, then D_r
     "$SAMPLER_SCENES" "${GAN[@]}"
   train "down${r}" experiment=downsampler "r=$r" "$SAMPLER_SCENES" "${down_from[@]}" "${DOWN[@]}"
 }
-[[ " $RATIOS " == *" 2 "* ]] && samplers 2
+wanted() { [[ " $RATIOS " == *" $1 "* ]]; }  # R: is r = R among RATIOS
+wanted 2 && samplers 2
 if [ "$SIZE" = 128 ]; then
   # exact SD's and LANTERN's same-resolution drafter (the shipped small recipe), on the same world
   train ar128_small experiment=zoo_ar_128_small
   # r=4's 32 px drafter (the shipped recipe, its 32 shards), then U_4 / D_4
   train ar32 experiment=zoo_ar_32
 fi
-[[ " $RATIOS " == *" 4 "* ]] && samplers 4
+wanted 4 && samplers 4
 if [ "$DRY" != "--dry-run" ]; then
   # the report reads samplers by their zoo names from one directory
   mkdir -p "$RUNS/zoo"
