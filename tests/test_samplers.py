@@ -280,6 +280,21 @@ def test_report_prints_the_ablation_table(tmp_path, tiny_tokenizer, capsys):
     for line in verdicts:  # "r=2 token_ce: ahead of lanczos (acc 0.123 vs 0.100)"
         ours, theirs = map(float, line.split("(acc ")[1].rstrip(")").split(" vs "))
         assert ("ahead of" in line) == (ours > theirs), line
+    # --ratios 4: r = 4's rows alone (a second r measured after the first without redoing it)
+    assert main(["--n", "2", "--ratios", "4", "--dir", str(tmp_path), "--tokenizer", str(tiny_tokenizer),
+                 "--trained-at", "256", "--out", str(tmp_path / "r4.md")]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "r2_ce_acc=nan" in out[-1] and "r4_ce_acc=nan" not in out[-1], out[-1]
+    r4 = (tmp_path / "r4.md").read_text()
+    assert "| 4 | latent token_ce |" in r4 and "| 2 |" not in r4
+
+
+def test_report_names_a_ratio_without_samplers_in_one_line(capsys):
+    from mulosd.reports.samplers import main
+
+    with pytest.raises(SystemExit):
+        main(["--ratios", "3"])
+    assert "--ratios: the samplers exist for r = 2 and 4, got [3]" in capsys.readouterr().err
 
 
 def _owned_config_models():

@@ -1,4 +1,4 @@
-"""python -m mulosd.reports.samplers [--n 200] [--size 128] [--dir zoo] [--tokenizer NAME]
+"""python -m mulosd.reports.samplers [--n 200] [--size 128] [--ratios 2 4] [--dir zoo] [--tokenizer NAME]
 
 The paper's ablation (a) on held-out SynthScenes at 128 px (`--size 256`: at the grids of the zoo's 256 px verifier
 and its drafters, 16 x 16 -> 32 x 32 at r = 2, with the samplers trained there): for each up-sampler loss stage and
@@ -163,6 +163,8 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--size", type=int, default=SIZE, help="the high-res side in px (128: 16 x 16 tokens)")
+    ap.add_argument("--ratios", type=int, nargs="+", default=[2, 4], metavar="R",
+                    help="the values of r to measure (each about 20 min at 256 px on 2 cores)")
     ap.add_argument("--dir", type=Path, default=ZOO, help="where the samplers live (zoo names)")
     ap.add_argument("--trained-at", type=int, metavar="PX",
                     help="the samplers trained for a verifier of this size (default: --size), e.g. --size 256 "
@@ -175,14 +177,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.n < 1:
         ap.error("--n must be >= 1")
+    if any(r not in (2, 4) for r in args.ratios):
+        ap.error(f"--ratios: the samplers exist for r = 2 and 4, got {args.ratios}")
     if args.size % 32:
         ap.error(f"--size must be a multiple of 32 (the tokenizer's 8 px cells at r = 4), got {args.size}")
     try:
         tokenizer = load_tokenizer(args.tokenizer)
-        first = args.dir / sampler_name(2, "token_ce", args.trained_at or args.size)
+        first = args.dir / sampler_name(args.ratios[0], "token_ce", args.trained_at or args.size)
         radius = tuple(args.radius) if args.radius else world_radius(read_config(first) if first.is_dir() else {})
-        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, radius=radius, size=args.size,
-                           trained_at=args.trained_at)
+        results = evaluate(tokenizer, args.dir, args.tokenizer, n=args.n, ratios=tuple(args.ratios), radius=radius,
+                           size=args.size, trained_at=args.trained_at)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
