@@ -349,6 +349,22 @@ def test_accepted_prefix_stops_at_the_first_rejection_or_the_first_lane_without_
     assert accepted_prefix(ratio, u, valid).tolist() == [2, 0, 2]
     assert accepted_prefix(ratio[0], u[0]).item() == 4  # one image's drafts (exact SD)
 
+def test_draft_rows_null_drafts_the_whole_grid_in_one_round_without_d_r():
+    verifier, drafter, enc, u, d, nb = MODELS
+    downs = []
+
+    def down(x):
+        downs.append(x)
+        return d.down(x)
+
+    cfg = knobs(tau=0.3, draft_rows=None)
+    got, trace = decode_mulosd(ARBackbone(verifier, enc, 2.0), ARBackbone(drafter, enc, 2.0), u.up, down, CAPTIONS,
+                               nb, cfg, seed=5, rounds=True)
+    assert len(trace.rounds) == 1 and trace.counts["verify_steps"] == 1 and not downs
+    assert torch.equal(got, _mulosd(knobs(tau=0.3, draft_rows=4))[0])  # the 4 x 4 drafter's whole grid
+    assert len(_mulosd(knobs(tau=0.3, draft_rows=2))[1].rounds) == 2 and MuLoSDConfig().draft_rows is None
+
+
 def test_draft_rows_must_divide_the_drafter_grid():
     with pytest.raises(ValueError, match="draft_rows"):
         _mulosd(knobs(draft_rows=3))

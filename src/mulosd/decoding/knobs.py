@@ -88,8 +88,9 @@ class PJDConfig:
 class MuLoSDConfig:
     """MuLo-SD. The defaults are the bench's choices at r=2, each measured on a development world (docs/log.md):
     tau 0.5 with acceptance=ratio is the fastest setting whose GenEval interval against ar stays inside the quality
-    target, and expanded=reverify radius=2 draft_rows=8 beat the paper's expansion (expanded=resample radius=1
-    draft_rows=4) in speed and in GenEval on the paired 2000 prompts."""
+    target, and expanded=reverify radius=2 drafting the whole low-res grid in one round (8 rows at 128 px) beat the
+    paper's expansion (expanded=resample radius=1 draft_rows=4) in speed and in GenEval on the paired 2000 prompts;
+    at 256 px the whole grid (16 rows) beat two rounds of 8 in both as well."""
 
     tau: float = knob(0.5, "the acceptance threshold on the pooled mass (> 1 rejects every draft)")
     pool_k: int = knob(64, "codes pooled with each draft token, its nearest in the codebook (64 of 1024)")
@@ -106,8 +107,9 @@ class MuLoSDConfig:
     resample_jacobi: int = knob(1, "Jacobi windows along island rows: each row also tests up to this many of "
                                    "its positions per forward with speculative sampling, its drafts from the "
                                    "verifier's last answer (1: one position per row, as without it)")
-    draft_rows: int = knob(8, "low-res rows drafted per round (at most the drafter's rows: more drafts the whole "
-                              "grid in one round); it must divide the drafter's rows")
+    draft_rows: int | None = knob(None, "low-res rows drafted per round; it must divide the drafter's rows (null, "
+                                        "or more rows than it has: its whole grid in one round, which never calls "
+                                        "D_r)")
     draft: str = knob("zipar", "serial | zipar: a block's low-res rows drafted one after another, or staggered")
     draft_window: int = knob(1, "draft=zipar: the stagger, in low-res tokens")
     draft_temperature: float | None = knob(None, "the drafter's temperature (0: its mode; null: the verifier's)")
@@ -134,12 +136,18 @@ class MuLoSDConfig:
         one_of(self.resample, self.RESAMPLES, "resample")
         one_of(self.draft, self.DRAFTS, "draft")
         one_of(self.acceptance, self.ACCEPTANCES, "acceptance")
-        for key in ("resample_window", "resample_jacobi", "draft_window", "draft_rows"):
+        for key in ("resample_window", "resample_jacobi", "draft_window"):
             require(getattr(self, key) >= 1, key, f"must be >= 1, got {getattr(self, key)}")
+        require(self.draft_rows is None or self.draft_rows >= 1, "draft_rows", f"must be >= 1 or null, got "
+                f"{self.draft_rows}")
         for key in ("draft_temperature", "draft_cfg_scale"):
             value = getattr(self, key)
             require(value is None or value >= 0, key, f"must be >= 0, got {value}")
         require(self.acceptance == "threshold" or not self.relative, "relative", "applies to acceptance=threshold only")
+
+    def rows_per_round(self, g: int) -> int:
+        """Low-res rows one round drafts on a drafter grid of g rows."""
+        return g if self.draft_rows is None else min(self.draft_rows, g)
 
 
 def command_line_knobs(configs) -> dict[str, tuple[type, Any, str]]:

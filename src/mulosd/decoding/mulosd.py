@@ -142,7 +142,7 @@ class _MuLoSD:
         G, g = verifier.grid, drafter.grid
         if G % g:
             raise ValueError(f"verifier grid {G} is not a multiple of the drafter grid {g}")
-        cfg = replace(cfg, draft_rows=min(cfg.draft_rows, g))  # more rows than the grid has: the whole grid
+        cfg = replace(cfg, draft_rows=cfg.rows_per_round(g))
         if g % cfg.draft_rows:
             raise ValueError(f"draft_rows={cfg.draft_rows} must divide the drafter's {g} rows")
         self.verifier, self.drafter, self.up, self.down, self.pool, self.cfg = verifier, drafter, up, down, pool, cfg

@@ -120,8 +120,8 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     # pjd: its windows do not see each other, a mask only the eager step has: compile=true runs it eager
     Strategy("pjd", run_pjd, units=_tokens, config=PJDConfig,
              sweep=(Axis("pjd_window", "pjd_windows", "w{}"), Axis("pjd_start", "pjd_starts", "s{}"))),
-    Strategy("mulosd", run_mulosd, units=lambda cfg, G: -(-G // cfg.r // cfg.draft_rows), config=MuLoSDConfig,
-             drafts_with="drafter", neighbours="pool_k", rounds=True, variants=True,
+    Strategy("mulosd", run_mulosd, units=lambda cfg, G: -(-G // cfg.r // (cfg.draft_rows or G)),
+             config=MuLoSDConfig, drafts_with="drafter", neighbours="pool_k", rounds=True, variants=True,
              sweep=(Axis("r", "rs", "r{}"), Axis("tau", "taus", "tau{:g}"), Axis("radius", "radii", "l{}"))),
 )}
 STRATEGY_NAMES = tuple(STRATEGIES)  # in the order tables list them
