@@ -100,5 +100,6 @@ if [ "$DRY" != "--dry-run" ]; then
     done
     ln -sfn "$(realpath "$RUNS/down$r/export")" "$RUNS/zoo/${family}_down$r"
   done
-  "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 --size "$SIZE" | tee "$RUNS/samplers_report.txt"
+  "$PY" -m mulosd.reports.samplers --dir "$RUNS/zoo" --radius 0.11 0.145 --size "$SIZE" --ratios $RATIOS \
+    | tee "$RUNS/samplers_report.txt"
 fi

@@ -239,7 +239,8 @@ def test_size_picks_the_grid_a_multi_resolution_verifier_decodes_at(tiny_zoo):
 
 def test_the_shipped_256_px_verifier_drafts_with_its_128_px_view_and_its_own_samplers(monkeypatch):
     """Zoo v3 at size=256: U_2 / D_2 are the ones trained between its 16 x 16 and 32 x 32 grids (synthscenes256_*),
-    not the 128 px ones; r = 4 there (its 64 px view drafting) has none yet: a one-line error naming them."""
+    not the 128 px ones; r = 4 there drafts with its 64 px view through U_4's GAN stage (the only one shipped: the
+    others are named in a one-line error)."""
     import mulosd.zoo as zoo
     from mulosd.config import ConfigError
 
@@ -253,8 +254,12 @@ def test_the_shipped_256_px_verifier_drafts_with_its_128_px_view_and_its_own_sam
     loaded.clear()
     Pipeline.from_config(compose_config("infer", base + ["stage=mse_lpips"]), {"mulosd"})
     assert Path(loaded[0]).name == "synthscenes256_up2_mse_lpips"
-    with pytest.raises(ConfigError, match="synthscenes256_up4_gan"):
-        Pipeline.from_config(compose_config("infer", base + ["r=4"]), {"mulosd"})
+    loaded.clear()
+    pipe = Pipeline.from_config(compose_config("infer", base + ["r=4"]), {"mulosd"})
+    assert pipe.drafter.net.cfg.grid == 8
+    assert [Path(n).name for n in loaded] == ["synthscenes256_up4_gan", "synthscenes256_down4"]
+    with pytest.raises(ConfigError, match="synthscenes256_up4_token_ce"):
+        Pipeline.from_config(compose_config("infer", base + ["r=4", "stage=token_ce"]), {"mulosd"})
 
 
 def test_a_multi_resolution_export_may_record_sampling_defaults_per_size(tiny_zoo, tmp_path):
