@@ -286,7 +286,7 @@ def test_the_gpu_cost_model_harness_runs_on_tiny_shapes(tmp_path):
     m = measure("tiny", "cpu", torch.bfloat16, rates=(1.0, 0.5))  # bf16, as on the GPU
     full, half = m["mulosd"]["1.0"], m["mulosd"]["0.5"]
     assert m["tokens"] == 64  # an 8 x 8 verifier grid over a 4 x 4 drafter
-    rounds = -(-4 // MuLoSDConfig().draft_rows)  # it measures what infer.py ships
+    rounds = -(-4 // MuLoSDConfig().rows_per_round(4))  # it measures what infer.py ships
     assert full["resampled"] == 0 and full["verifier_forwards"] == 1 + rounds  # the prefix, then one per round
     assert half["resampled"] > 0 and half["verifier_forwards"] > full["verifier_forwards"]
     assert m["ms_ar_step"] > 0 and "| 50% |" in table(m)

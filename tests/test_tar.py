@@ -342,7 +342,7 @@ def test_the_gpu_cost_model_covers_tar_shapes_on_tiny_ones():
     from mulosd.reports.costmodel import SIZES, _kv_bytes, _model, measure, table
 
     m = measure("tar_tiny", "cpu", torch.float32, rates=(1.0,), cfg_scale=4.0)
-    rounds = -(-2 // min(MuLoSDConfig().draft_rows, 2))  # infer.py's knobs over a 2-row drafter
+    rounds = -(-2 // MuLoSDConfig().rows_per_round(2))  # infer.py's knobs over a 2-row drafter
     assert m["r"] == 4 and m["mulosd"]["1.0"]["verifier_forwards"] == 1 + rounds  # the prefix, one per round
     assert "| 100% |" in table(m) and m["memory_gb"]["verifier"]["kv_cache_per_image"] > 0
     # the real shapes, weight-free: 2 (K, V) x 30 layers x (729 + 64^2) slots x 1280 x 2 bytes x 2 (CFG)
