@@ -153,6 +153,7 @@ class Budget:
         p = self.pipe
         self.G, self.g = p.grid, p.drafter.net.cfg.grid
         self.r = self.G // self.g
+        self.block_rows = self.r * self.knobs.rows_per_round(self.g)  # high-res rows of one drafted block
         self.parent = parents(self.G, self.g)
         self.draft_warpers = draft_warpers(p.warpers, self.knobs)
         self.drafter = p.backbone("drafter", cfg_scale=self.knobs.draft_cfg_scale)  # guided as decoding guides it
@@ -204,7 +205,7 @@ class Budget:
     def decoding(self) -> dict:
         """MuLo-SD at the shipped defaults, batch 1: raw pass and kept per position, steps by phase, islands."""
         p, cfg, G = self.pipe, self.cfg, self.G
-        block_rows = self.r * self.knobs.rows_per_round(self.g)
+        block_rows = self.block_rows
         raw, kept, obj, drafted, steps, grown, islands = [], [], [], [], [], {rad: [] for rad in RADII}, []
         for i, caption in enumerate(tqdm(self.prompts, desc="mulosd decodes")):
             _, trace = p.decode("mulosd", cfg, [caption], torch.tensor([i]), rounds=True)
@@ -316,7 +317,7 @@ def ceiling_section(ceil: dict[str, dict[str, float]], n: int, up_rate: float, t
 def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n: int, seconds: float,
            command: str) -> tuple[str, str]:
     cfg, k = budget.cfg, budget.knobs
-    G, block_rows = budget.G, budget.r * k.rows_per_round(budget.g)
+    G, block_rows = budget.G, budget.block_rows
     rows = row_in_block(G * G, G, block_rows)
     n, threads = len(budget.prompts), torch.get_num_threads()
     low = f"{budget.size // budget.r} px"
@@ -325,7 +326,7 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n
             f"{threads} thread{'s' * (threads != 1)}, {seconds / 60:.0f} min): {n} prompts of world seed "
             f"{budget.prompt_seed}, seed {cfg.seed}, the shipped models and defaults (acceptance={k.acceptance}, "
             f"tau={k.tau:g}, pool_k={k.pool_k}, radius={k.radius}, expanded={k.expanded}, "
-            f"draft_rows={k.rows_per_round(budget.g)}, draft={k.draft} window {k.draft_window}, "
+            f"draft_rows={block_rows // budget.r}, draft={k.draft} window {k.draft_window}, "
             f"resample={k.resample} window {k.resample_window}, "
             f"up-sampler stage {cfg.stage}).", "",
             "Rates are expected acceptance per drafted high-res token (ratio test: its probability; threshold: "
