@@ -190,3 +190,8 @@ def test_the_last_line_names_the_fastest_peer_of_equal_quality_including_one_abo
     # above ar counts as equal quality; a loss beyond the margin does not, however fast
     assert "best_peer=zipar_s3 best_peer_speedup=3.10" in line, line
     assert "mulosd_r2 speedup=2.00 geneval=0.390" in line, line
+    # each ratio measured gets its own entry, in order; r = 4 alone does not print an r = 2 one
+    r4 = row("mulosd_c", "mulosd", 4.3, 0.41, 4)
+    assert "mulosd_r2 speedup=2.00 geneval=0.390 mulosd_r4 speedup=4.30 geneval=0.410 " in _last_line(rows + [r4], ar)
+    only4 = _last_line([ar, r4], ar)
+    assert only4.startswith("bench: mulosd_r4 speedup=4.30 ") and "mulosd_r2" not in only4, only4

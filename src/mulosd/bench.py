@@ -414,13 +414,18 @@ def _plot(out: Path, rows: list[dict], fd: bool) -> None:
 
 
 def _last_line(rows: list[dict], ar: dict) -> str:
+    """`bench: mulosd_r2 ... [mulosd_r4 ...] ar_geneval=... best_peer=... best_peer_speedup=...`: per ratio measured,
+    MuLo-SD's fastest point within EQUAL_QUALITY of ar (its fastest at all where none is); the best peer is the
+    fastest baseline within it."""
     near = [r for r in rows if r["geneval"] >= ar["geneval"] - EQUAL_QUALITY]
-    ours = [r for r in rows if STRATEGIES[r["strategy"]].variants and r["r"] == 2]  # the method under study
+    ours = [r for r in rows if STRATEGIES[r["strategy"]].variants]  # the method under study
     peers = [r for r in near if r["strategy"] != "ar" and not STRATEGIES[r["strategy"]].variants]
     peer = max(peers, key=lambda r: r["speedup"]) if peers else None
-    pick = max([r for r in ours if r in near] or ours, key=lambda r: r["speedup"]) if ours else None
-    mulosd = (f"speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f}" if pick else
-              "not measured")  # no r = 2 point in this run
-    return (f"bench: mulosd_r2 {mulosd} "
-            f"ar_geneval={ar['geneval']:.3f} best_peer={peer['method'] if peer else 'none'} "
-            f"best_peer_speedup={peer['speedup'] if peer else 0:.2f}")
+    parts = []
+    for ratio in sorted({r["r"] for r in ours}) or [2]:
+        at = [r for r in ours if r["r"] == ratio]
+        pick = max([r for r in at if r in near] or at, key=lambda r: r["speedup"]) if at else None
+        parts.append(f"mulosd_r{ratio} " + (f"speedup={pick['speedup']:.2f} geneval={pick['geneval']:.3f}" if pick
+                                             else "not measured"))
+    return (f"bench: {' '.join(parts)} ar_geneval={ar['geneval']:.3f} "
+            f"best_peer={peer['method'] if peer else 'none'} best_peer_speedup={peer['speedup'] if peer else 0:.2f}")
