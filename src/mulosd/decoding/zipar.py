@@ -41,7 +41,8 @@ def zipar_rows(backbone: ARBackbone, tokens: torch.Tensor, row0: int, rows: int,
                first: torch.Tensor, draw, trace: Trace, progress=None) -> int:
     """Decode rows [row0, row0 + rows) of the raster grid `tokens` [B, W*W] in place, ZipAR-style; `first`
     [B, 1, V] are the logits for the first position of row0 (from the caller's last forward), and
-    `draw(logits [B,1,V], positions [B,1]) -> tokens [B,1]` samples; provisional slots are tallied in `trace`.
+    `draw(logits [B,n,V], positions [B,n]) -> tokens [B,n]` samples the n active rows' next tokens at once;
+    provisional slots are tallied in `trace`.
     With window = W it is plain serial decoding. Returns the number of forwards (each one sequential step)."""
     W = backbone.grid
     B, device = tokens.shape[0], tokens.device
@@ -68,11 +69,11 @@ def zipar_rows(backbone: ARBackbone, tokens: torch.Tensor, row0: int, rows: int,
             pos = torch.tensor([p for p, _ in writes], device=device).expand(B, -1)
             logits = backbone(pos, tokens[:, [src for _, src in writes]])
             steps += 1
-        for u, i in queries:
-            dist = first if i is None else logits[:, i:i + 1]
-            tokens[:, u:u + 1] = draw(dist, torch.full((B, 1), u, device=device))
-            if u % W == W - 1 and u // W + 1 < row0 + rows:
-                pending.append((u, u))
+        if queries:  # every active row's token in one draw: the noise is keyed by position, not by call
+            us = [u for u, _ in queries]
+            dist = first if queries[0][1] is None else logits[:, [i for _, i in queries]]  # row0's start: alone
+            tokens[:, us] = draw(dist, torch.tensor(us, device=device).expand(B, -1))
+            pending += [(u, u) for u in us if u % W == W - 1 and u // W + 1 < row0 + rows]
         if progress is not None:
             progress.update(1)
     return steps
