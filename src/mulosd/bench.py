@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from .atomic import atomic_write_bytes
 from .config import ConfigError
-from .config.bench import Point, describe, grid, parse_cells, point_config, validate_bench
+from .config.bench import Point, describe, grid, parse_cells, point_config, run_wide, shard_of, validate_bench
 from .data.synthscenes.judge import VERSION as JUDGE_VERSION
 from .decoding.registry import STRATEGIES
 from .eval import categories, category_rates, geneval_score, paired_difference, prompt_set, reference_renders
@@ -69,16 +69,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     pipes: dict = {}  # what they depend on -> Pipeline
     starts = range(0, len(prompts), cfg.batch_size)
-    todo = [(s, p) for s in starts for p in points if (p.name, s) not in done]
+    share, shards = shard_of(cfg.shard)
+    mine = [s for s in starts if s // cfg.batch_size % shards == share]
+    todo = [(s, p) for s in mine for p in points if (p.name, s) not in done]
     warmup = {}  # point -> seconds of its untimed first decode (allocation; compilation with compile=true)
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
     log.info(mulosd_settings(cfg, points))
-    log.info(f"bench: {len(points)} points x {len(starts)} batches of {cfg.batch_size} = {len(todo)} decodes to run "
-             f"({len(starts) * len(points) - len(todo)} done); the time left is estimated after two batches")
+    log.info(f"bench: {len(points)} points x {len(mine)} batches of {cfg.batch_size}"
+             + (f" (shard {cfg.shard} of {len(starts)})" if shards > 1 else "")
+             + f" = {len(todo)} decodes to run ({len(mine) * len(points) - len(todo)} done); the time left is "
+             "estimated after two batches")
     # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
     batch_starts = list(dict.fromkeys(s for s, _ in todo))
     pace = (batch_starts[1], None) if len(batch_starts) > 2 else None
-    with tqdm(total=len(starts) * len(points), initial=len(starts) * len(points) - len(todo), desc="bench",
+    with tqdm(total=len(mine) * len(points), initial=len(mine) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
         for start, point in todo:
             if pace and start == pace[0] and pace[1] is None:
@@ -118,6 +122,13 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     if warmup:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
+    if shards > 1:  # the other shards' cells are in the file; the last shard to finish summarises
+        done = parse_cells(cells_path)[0]
+        left = sum((p.name, s) not in done for s in starts for p in points)
+        if left:
+            log.info(f"bench: shard {cfg.shard} is done; {left} cells of the other shards are still to come, and "
+                     "the last shard to finish writes the summary")
+            return {"rows": [], "line": None}
     return summarise(cfg, out, prompts, points, done)
 
 
@@ -131,7 +142,9 @@ def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
     if not ours:
         return "bench: no MuLo-SD point"
     changes = {p.name: describe(cfg, p) for p in ours}  # "": today's default
-    line = (f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}: "
+    everywhere = run_wide(cfg)
+    line = (f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}"
+            + (f" (every point: {everywhere})" if everywhere else "") + ": "
             + ", ".join(f"{name} ({change or TODAY})" for name, change in changes.items()))
     if all(changes.values()):
         line += f"; {TODAY} is not among them ('+variants.default={{}}' adds it)"

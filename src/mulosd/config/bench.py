@@ -64,6 +64,8 @@ class BenchConfig:
         "help": "real metrics where their weights exist: fid, clip, hpsv2"})
     metrics_weights: dict[str, str] = field(default_factory=dict, metadata={"help": "metric -> local weights file"})
     resume: bool = knob(True, "continue RUN/cells.jsonl instead of starting over")
+    shard: str = knob("1/1", "i/n: decode every n-th batch from the i-th only, so that n processes (one per core) "
+                             "share one out_dir; the last to finish writes the summary")
     out_dir: str | None = knob("outputs/bench", "the run's folder (null: Hydra's run directory)")
     infer: InferConfig = field(default_factory=InferConfig, metadata={
         "help": "models, sampling and every strategy's knobs, as infer.py takes them (infer.KEY=...)"})
@@ -90,6 +92,7 @@ def validate_bench(cfg: DictConfig) -> None:
         require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
     for m in cfg.metrics:
         one_of(m, ("fid", "clip", "hpsv2"), "metrics")
+    shard_of(cfg.shard)
     try:
         validate_infer(cfg.infer)
     except ConfigError as e:
@@ -154,15 +157,24 @@ def point_config(cfg: DictConfig, point: Point) -> DictConfig:
 
 
 def describe(cfg: DictConfig, point: Point) -> str:
-    """What a point decodes with that differs from infer.py's defaults, as key=value ("" where nothing does): its
-    strategy's knobs, sampling, models and backbone; other strategies' knobs and the keys that drive a run (seed,
-    batch size, prompts, ...) are left out."""
+    """What a point decodes with that differs from the run's own infer config (run_wide: what that changes from
+    infer.py's defaults), as key=value ("" where nothing does): its strategy's knobs, sampling, models and
+    backbone; other strategies' knobs and the keys that drive a run (seed, batch size, prompts, ...) are left
+    out."""
     strategy = STRATEGIES[point.strategy]
     foreign = RUN_KEYS | (set(KNOBS) - set(command_line_knobs([strategy.config] if strategy.config else [])))
     foreign = foreign.union(*(keys for kind, keys in DRAFT_KEYS.items() if kind != strategy.drafts_with))
-    default = _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
+    base = _flat(OmegaConf.to_container(cfg.infer))
     ours = _flat(OmegaConf.to_container(point_config(cfg, point)))
-    return " ".join(f"{k}={v}" for k, v in ours.items() if k not in foreign and v != default.get(k))
+    return " ".join(f"{k}={v}" for k, v in ours.items() if k not in foreign and v != base.get(k))
+
+
+def run_wide(cfg: DictConfig) -> str:
+    """What every point of a run decodes with that differs from infer.py's defaults (infer.KEY=... on the
+    command line), as key=value; the keys that drive a run are left out."""
+    default = _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
+    base = _flat(OmegaConf.to_container(cfg.infer))
+    return " ".join(f"{k}={v}" for k, v in base.items() if k not in RUN_KEYS and v != default.get(k))
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
@@ -170,6 +182,16 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     for key, value in tree.items():
         out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
     return out
+
+
+def shard_of(shard: str) -> tuple[int, int]:
+    """'i/n' -> (i - 1, n): which share of a run's batches a process decodes (the batches b with b % n == i - 1)."""
+    try:
+        i, n = (int(x) for x in str(shard).split("/"))
+    except ValueError:
+        raise ConfigError("shard", f"must be i/n (e.g. 1/2), got {shard!r}") from None
+    require(1 <= i <= n, "shard", f"must be i/n with 1 <= i <= n, got {shard!r}")
+    return i - 1, n
 
 
 def parse_cells(path: Path) -> tuple[dict, bool]:
