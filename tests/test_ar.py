@@ -84,6 +84,36 @@ def test_scattered_positions_with_filled_mask_equal_full_forward_on_the_same_con
     assert bb.filled[0].nonzero().flatten().tolist() == visible
 
 
+def test_a_cpu_step_reads_the_key_blocks_up_to_its_last_slot_and_gets_every_bit_of_the_whole_cache(monkeypatch):
+    """An early step attends over the first key block alone (transformer.CPU_KEY_BLOCK); its logits, and those of
+    every later step, are bit for bit what attending over the whole cache gives: a prefix block, single tokens,
+    a grouped forward across a block's edge, the last slot."""
+    from mulosd.ar import transformer
+
+    cfg = TransformerConfig(vocab_size=48, grid=32, dim=32, layers=2, heads=2, cond_dim=16)
+    torch.manual_seed(0)
+    model, enc = Transformer(cfg).eval(), SceneCaptionEncoder(cfg.cond_dim).eval()
+    caps = _captions(2)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.grid ** 2))
+    writes = [(torch.arange(100), None), *((torch.tensor([i]), None) for i in range(100, 104)),
+              (torch.arange(500, 520), torch.arange(20) // 7), (torch.tensor([1023]), None)]
+
+    def run():
+        bb = ARBackbone(model, enc, 2.0)
+        out = [bb.start(caps)]
+        for pos, groups in writes:
+            pos = pos.expand(2, -1)
+            out.append(bb(pos, tokens.gather(1, pos), groups))
+        return out
+
+    blocked = run()
+    assert model._span(torch.tensor([[cfg.prefix + 103]])) == transformer.CPU_KEY_BLOCK < cfg.slots
+    monkeypatch.setattr(transformer, "CPU_KEY_BLOCK", 10 ** 6)
+    assert model._span(torch.tensor([[cfg.prefix + 103]])) == cfg.slots
+    for a, b in zip(blocked, run(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_forgotten_positions_leave_the_context():
     """Write 0..3, forget 2 and 3 (a discarded draft), write 4: as if only 0, 1 and 4 had ever been written."""
     model, enc = _model()

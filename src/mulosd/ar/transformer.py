@@ -31,6 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# The CPU's fused attention reads the keys in blocks of this many slots from slot 0, and a block that every query
+# masks adds exactly nothing to its running softmax: a step attends over the blocks up to its last written slot
+# alone, bit for bit what the whole cache gives (tests/test_transformer.py), and an early step reads a fraction of
+# the cache. Elsewhere (CUDA, a compiled graph with its static shapes) the whole cache is read.
+CPU_KEY_BLOCK = 512
+
 
 @dataclass
 class TransformerConfig:
@@ -176,8 +182,9 @@ class Attention(nn.Module):
             b = torch.arange(x.shape[0], device=x.device)[:, None]
             cache.k[layer][b, :, slots] = k.transpose(1, 2).to(cache.k[layer].dtype)
             cache.v[layer][b, :, slots] = v.transpose(1, 2).to(cache.v[layer].dtype)
-            y = F.scaled_dot_product_attention(q, cache.k[layer].type_as(q), cache.v[layer].type_as(q),
-                                               attn_mask=mask)
+            span = mask.shape[-1]
+            y = F.scaled_dot_product_attention(q, cache.k[layer][:, :, :span].type_as(q),
+                                               cache.v[layer][:, :, :span].type_as(q), attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
 
     def packed(self, x, rope, layer: int, cache: KVCache, slots, mask, packing: Packing):
@@ -191,8 +198,9 @@ class Attention(nn.Module):
         cache.v[layer][rows, :, at] = v.to(cache.v[layer].dtype)
         padded = q.new_zeros(*packing.valid.shape, *q.shape[1:])
         padded[packing.valid] = q
-        y = F.scaled_dot_product_attention(padded.transpose(1, 2), cache.k[layer].type_as(q),
-                                           cache.v[layer].type_as(q), attn_mask=mask)
+        span = mask.shape[-1]
+        y = F.scaled_dot_product_attention(padded.transpose(1, 2), cache.k[layer][:, :, :span].type_as(q),
+                                           cache.v[layer][:, :, :span].type_as(q), attn_mask=mask)
         return self.out(y.transpose(1, 2)[packing.valid].flatten(1))
 
 
@@ -370,13 +378,14 @@ class Transformer(nn.Module):
         projections and the MLPs then run on the real writes alone (`Packing`), and a pad's logits are its
         row's last real write's."""
         cache.filled.scatter_(1, slots, True if fill is None else fill)
-        key = torch.arange(self.cfg.slots, device=slots.device)[None, None, :]
+        span = self._span(slots)  # the slots any query may attend to: none after the last written one
+        key = torch.arange(span, device=slots.device)[None, None, :]
         # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
-        mask = (key <= slots[:, :, None]) & cache.filled[:, None, :] | (key == slots[:, :, None])  # [B, n, S]
+        mask = (key <= slots[:, :, None]) & cache.filled[:, None, :span] | (key == slots[:, :, None])  # [B, n, S]
         if groups is not None:
             groups = groups.to(slots.device).expand_as(slots)
             written = torch.full(cache.filled.shape, -1, dtype=torch.long, device=slots.device).scatter(
-                1, slots, groups)  # [B, S]: each slot's group in this call
+                1, slots, groups)[:, :span]  # [B, S]: each slot's group in this call
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
         mask = mask[:, None]
@@ -395,6 +404,13 @@ class Transformer(nn.Module):
             x = block(x, rope, layer=i, cache=cache, slots=slots, mask=mask, packing=packing)
         logits = self.head(self.norm(x))
         return logits if packing is None else logits[packing.spread]
+
+    def _span(self, slots: torch.Tensor) -> int:
+        """How many cache slots a step writing `slots` attends over: on the CPU, eager, the key blocks up to the
+        last written slot (CPU_KEY_BLOCK); the whole cache elsewhere."""
+        if slots.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.cfg.slots
+        return min(self.cfg.slots, -(-(int(slots.max()) + 1) // CPU_KEY_BLOCK) * CPU_KEY_BLOCK)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.tok_emb(tokens)
