@@ -86,8 +86,8 @@ def test_scattered_positions_with_filled_mask_equal_full_forward_on_the_same_con
 
 def test_a_cpu_step_reads_the_key_blocks_up_to_its_last_slot_and_gets_every_bit_of_the_whole_cache(monkeypatch):
     """An early step attends over the first key block alone (transformer.CPU_KEY_BLOCK); its logits, and those of
-    every later step, are bit for bit what attending over the whole cache gives: a prefix block, single tokens,
-    a grouped forward across a block's edge, the last slot."""
+    every later step, are bit for bit what attending over the whole cache gives: a prefix block, an empty write,
+    single tokens, a grouped forward across a block's edge, the last slot."""
     from mulosd.ar import transformer
 
     cfg = TransformerConfig(vocab_size=48, grid=32, dim=32, layers=2, heads=2, cond_dim=16)
@@ -95,7 +95,7 @@ def test_a_cpu_step_reads_the_key_blocks_up_to_its_last_slot_and_gets_every_bit_
     model, enc = Transformer(cfg).eval(), SceneCaptionEncoder(cfg.cond_dim).eval()
     caps = _captions(2)
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.grid ** 2))
-    writes = [(torch.arange(100), None), *((torch.tensor([i]), None) for i in range(100, 104)),
+    writes = [(torch.arange(100), None), (torch.arange(0), None), *((torch.tensor([i]), None) for i in range(100, 104)),
               (torch.arange(500, 520), torch.arange(20) // 7), (torch.tensor([1023]), None)]
 
     def run():

@@ -87,10 +87,11 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     ("taus=[0.5,1.5]", "taus"), ("rs=[3]", "rs"), ("strategies=[magic]", "strategies"), ("infer.tau=-1", "infer.tau"),
     ("windows=[0]", "windows"), ("+variants.z={resample:zigzag}", "variants.z.resample"),
     ("+variants.z={tua:0.1}", "variants.z.tua"), ("shard=3/2", "shard"), ("shard=half", "shard"),
+    ("shard=1/2 resume=false", "shard"),
 ])
 def test_bench_refuses_bad_grids(tmp_path, override, key, capsys):
     """In-process, through bench.py's own checks (the typos battery runs the real interpreter)."""
-    assert cli_error("bench.py", [f"out_dir={tmp_path}", override], tmp_path / "h", capsys) == 2
+    assert cli_error("bench.py", [f"out_dir={tmp_path}", *override.split()], tmp_path / "h", capsys) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {key}") and len(err.strip().splitlines()) == 1, err
 
@@ -110,12 +111,14 @@ def test_two_shards_in_one_out_dir_decode_every_cell_once_and_the_last_summarise
     logs = [p.communicate(timeout=900)[0] for p in shards]
     assert all(p.returncode == 0 for p in shards), logs
     assert all("3 points x 2 batches of 1 (shard " in log and "= 6 decodes to run" in log for log in logs), logs
+    assert (tmp_path / "shared" / "config.yaml").is_file()
     cells = [json.loads(c) for c in (tmp_path / "shared" / "cells.jsonl").read_text().splitlines()]
     assert sorted((c["point"], c["start"]) for c in cells) == sorted(
         (p, s) for p in ("ar", "zipar_s1", "zipar_s2") for s in range(4))
     assert any(log.strip().splitlines()[-1].startswith("bench: ") and "best_peer" in log for log in logs), logs
     one = bench(tmp_path / "one")
-    assert one.communicate(timeout=900) and one.returncode == 0
+    log = one.communicate(timeout=900)[0]
+    assert one.returncode == 0, log
     verdicts = [json.loads((tmp_path / d / "verdicts.json").read_text())["passed"] for d in ("shared", "one")]
     assert verdicts[0] == verdicts[1]
 
@@ -153,7 +156,12 @@ def test_the_start_up_line_names_each_mulosd_setting_and_whether_the_default_run
     cfg = compose_config("bench", [*base, "+variants.default={}", "+variants.r1={radius:1}", "infer.cfg_scale=2.0"])
     line = mulosd_settings(cfg, grid(cfg))
     assert line == ("bench: MuLo-SD runs at r=[2] (every point: cfg_scale=2.0): mulosd_r2_tau0.5_l2_default "
-                    "(today's default), mulosd_r2_tau0.5_l1_r1 (radius=1)"), line
+                    "(no other change), mulosd_r2_tau0.5_l1_r1 (radius=1)"), line
+    # today's default is infer.py's, not the run's infer config
+    cfg = compose_config("bench", [*base, "infer.tau=1.0", "taus=[]", "+variants.a={tau:0.5}", "+variants.b={}"])
+    line = mulosd_settings(cfg, grid(cfg))
+    assert line == ("bench: MuLo-SD runs at r=[2]: mulosd_r2_tau0.5_l2_a (today's default), "
+                    "mulosd_r2_l2_b (tau=1.0)"), line
 
 
 def test_zipar_is_measured_at_each_window_of_the_grid():

@@ -11,7 +11,9 @@ so a killed bench resumes where it stopped instead of starting over, and a run w
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import json
 import logging
 import time
@@ -25,7 +27,17 @@ from tqdm import tqdm
 
 from .atomic import atomic_write_bytes
 from .config import ConfigError
-from .config.bench import Point, describe, grid, parse_cells, point_config, run_wide, shard_of, validate_bench
+from .config.bench import (
+    Point,
+    changes,
+    common_changes,
+    describe,
+    grid,
+    parse_cells,
+    point_config,
+    shard_of,
+    validate_bench,
+)
 from .data.synthscenes.judge import VERSION as JUDGE_VERSION
 from .decoding.registry import STRATEGIES
 from .eval import categories, category_rates, geneval_score, paired_difference, prompt_set, reference_renders
@@ -53,19 +65,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     log_conditions(log)
     cells_path = out / "cells.jsonl"
     done = {}
-    if cfg.resume and cells_path.is_file():
-        done = _read_cells(cells_path)
-        needed = {(p.name, s): len(prompts[s:s + cfg.batch_size]) for p in points
-                  for s in range(0, len(prompts), cfg.batch_size)}
-        names = {p.name for p in points}
-        for key, cell in done.items():  # a cell of another batching would pair verdicts with the wrong prompts
-            if key[0] in names and needed.get(key) != cell["n"]:
-                raise ConfigError("batch_size", f"{cells_path} holds cells of another batch size ({key[0]}: "
-                                                f"{cell['n']} prompts from {key[1]}); resume with that batch_size, "
-                                                "or give a new out_dir")
-        done = _judged(done, cells_path, prompts, needed)
-    elif cells_path.exists():
-        cells_path.unlink()
+    with _locked(out):  # shards of one run read, mend and append to one cells.jsonl
+        if cfg.resume and cells_path.is_file():
+            done = _read_cells(cells_path)
+            needed = {(p.name, s): len(prompts[s:s + cfg.batch_size]) for p in points
+                      for s in range(0, len(prompts), cfg.batch_size)}
+            names = {p.name for p in points}
+            for key, cell in done.items():  # a cell of another batching would pair verdicts with the wrong prompts
+                if key[0] in names and needed.get(key) != cell["n"]:
+                    raise ConfigError("batch_size", f"{cells_path} holds cells of another batch size ({key[0]}: "
+                                                    f"{cell['n']} prompts from {key[1]}); resume with that "
+                                                    "batch_size, or give a new out_dir")
+            done = _judged(done, cells_path, prompts, needed)
+        elif cells_path.exists():
+            cells_path.unlink()
     (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     pipes: dict = {}  # what they depend on -> Pipeline
     starts = range(0, len(prompts), cfg.batch_size)
@@ -76,7 +89,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
     log.info(mulosd_settings(cfg, points))
     log.info(f"bench: {len(points)} points x {len(mine)} batches of {cfg.batch_size}"
-             + (f" (shard {cfg.shard} of {len(starts)})" if shards > 1 else "")
+             + (f" (shard {cfg.shard}: every {shards}th of the run's {len(starts)})" if shards > 1 else "")
              + f" = {len(todo)} decodes to run ({len(mine) * len(points) - len(todo)} done); the time left is "
              "estimated after two batches")
     # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
@@ -115,7 +128,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                     "steps": trace.steps, "forwards": trace.forwards, "counts": trace.counts,
                     "counters": trace.counters(), "hardware": where,
                     "passed": geneval_score(images, chunk)["passed"], "judge": JUDGE_VERSION}
-            with cells_path.open("a") as f:
+            with _locked(out), cells_path.open("a") as f:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
             bar.update(1)
@@ -123,7 +136,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
     if shards > 1:  # the other shards' cells are in the file; the last shard to finish summarises
-        done = parse_cells(cells_path)[0]
+        with _locked(out):
+            done = parse_cells(cells_path)[0]
         left = sum((p.name, s) not in done for s in starts for p in points)
         if left:
             log.info(f"bench: shard {cfg.shard} is done; {left} cells of the other shards are still to come, and "
@@ -133,22 +147,36 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 TODAY = "today's default"
+NO_OTHER = "no other change"
 
 
 def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
-    """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults,
-    and whether today's default is among them (named variants replace it: '+variants.default={}' adds it)."""
+    """The start-up line: which MuLo-SD settings will run, each as its knobs that differ from today's defaults
+    (a change every point makes, such as the verifier, named once), and whether today's default is among them
+    (named variants replace it: '+variants.default={}' adds it)."""
     ours = [p for p in points if STRATEGIES[p.strategy].variants and not p.compiled]
     if not ours:
         return "bench: no MuLo-SD point"
-    changes = {p.name: describe(cfg, p) for p in ours}  # "": today's default
-    everywhere = run_wide(cfg)
+    each = {p.name: changes(cfg, p) for p in ours}
+    everywhere = common_changes(list(each.values()))
+    own = {name: describe(change, everywhere) for name, change in each.items()}  # "": today's default
     line = (f"bench: MuLo-SD runs at r={sorted({point_config(cfg, p).r for p in ours})}"
-            + (f" (every point: {everywhere})" if everywhere else "") + ": "
-            + ", ".join(f"{name} ({change or TODAY})" for name, change in changes.items()))
-    if all(changes.values()):
+            + (f" (every point: {describe(everywhere)})" if everywhere else "") + ": "
+            + ", ".join(f"{name} ({change or (NO_OTHER if everywhere else TODAY)})" for name, change in own.items()))
+    if not everywhere and all(own.values()):
         line += f"; {TODAY} is not among them ('+variants.default={{}}' adds it)"
     return line
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """An exclusive lock on a run's folder, held while its cells.jsonl is read, mended or appended to."""
+    with (out / "cells.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read_cells(path: Path) -> dict:

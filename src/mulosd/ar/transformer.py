@@ -33,7 +33,7 @@ from torch import nn
 
 # The CPU's fused attention reads the keys in blocks of this many slots from slot 0, and a block that every query
 # masks adds exactly nothing to its running softmax: a step attends over the blocks up to its last written slot
-# alone, bit for bit what the whole cache gives (tests/test_transformer.py), and an early step reads a fraction of
+# alone, bit for bit what the whole cache gives (tests/test_ar.py), and an early step reads a fraction of
 # the cache. Elsewhere (CUDA, a compiled graph with its static shapes) the whole cache is read.
 CPU_KEY_BLOCK = 512
 
@@ -182,7 +182,7 @@ class Attention(nn.Module):
             b = torch.arange(x.shape[0], device=x.device)[:, None]
             cache.k[layer][b, :, slots] = k.transpose(1, 2).to(cache.k[layer].dtype)
             cache.v[layer][b, :, slots] = v.transpose(1, 2).to(cache.v[layer].dtype)
-            span = mask.shape[-1]
+            span = mask.shape[-1]  # the cache slots the step's mask covers (Transformer._span)
             y = F.scaled_dot_product_attention(q, cache.k[layer][:, :, :span].type_as(q),
                                                cache.v[layer][:, :, :span].type_as(q), attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
@@ -381,7 +381,7 @@ class Transformer(nn.Module):
         span = self._span(slots)  # the slots any query may attend to: none after the last written one
         key = torch.arange(span, device=slots.device)[None, None, :]
         # the diagonal keeps a padding slot's query from a fully masked row (NaN on some SDPA backends)
-        mask = (key <= slots[:, :, None]) & cache.filled[:, None, :span] | (key == slots[:, :, None])  # [B, n, S]
+        mask = (key <= slots[:, :, None]) & cache.filled[:, None, :span] | (key == slots[:, :, None])  # [B, n, span]
         if groups is not None:
             groups = groups.to(slots.device).expand_as(slots)
             written = torch.full(cache.filled.shape, -1, dtype=torch.long, device=slots.device).scatter(
@@ -408,7 +408,7 @@ class Transformer(nn.Module):
     def _span(self, slots: torch.Tensor) -> int:
         """How many cache slots a step writing `slots` attends over: on the CPU, eager, the key blocks up to the
         last written slot (CPU_KEY_BLOCK); the whole cache elsewhere."""
-        if slots.device.type != "cpu" or torch.compiler.is_compiling():
+        if slots.device.type != "cpu" or torch.compiler.is_compiling() or slots.numel() == 0:
             return self.cfg.slots
         return min(self.cfg.slots, -(-(int(slots.max()) + 1) // CPU_KEY_BLOCK) * CPU_KEY_BLOCK)
 

@@ -92,7 +92,8 @@ def validate_bench(cfg: DictConfig) -> None:
         require(0 <= t <= 1, "taus", f"every tau must be in [0, 1], got {t}")
     for m in cfg.metrics:
         one_of(m, ("fid", "clip", "hpsv2"), "metrics")
-    shard_of(cfg.shard)
+    require(shard_of(cfg.shard)[1] == 1 or cfg.resume, "shard",
+            "a shard shares its out_dir with the others: resume=false would delete their cells")
     try:
         validate_infer(cfg.infer)
     except ConfigError as e:
@@ -156,25 +157,29 @@ def point_config(cfg: DictConfig, point: Point) -> DictConfig:
     return c
 
 
-def describe(cfg: DictConfig, point: Point) -> str:
-    """What a point decodes with that differs from the run's own infer config (run_wide: what that changes from
-    infer.py's defaults), as key=value ("" where nothing does): its strategy's knobs, sampling, models and
-    backbone; other strategies' knobs and the keys that drive a run (seed, batch size, prompts, ...) are left
-    out."""
+def changes(cfg: DictConfig, point: Point) -> dict[str, Any]:
+    """What a point decodes with that differs from infer.py's defaults, key -> value: its strategy's knobs,
+    sampling, models and backbone; other strategies' knobs and the keys that drive a run (seed, batch size,
+    prompts, ...) are left out."""
     strategy = STRATEGIES[point.strategy]
     foreign = RUN_KEYS | (set(KNOBS) - set(command_line_knobs([strategy.config] if strategy.config else [])))
     foreign = foreign.union(*(keys for kind, keys in DRAFT_KEYS.items() if kind != strategy.drafts_with))
-    base = _flat(OmegaConf.to_container(cfg.infer))
-    ours = _flat(OmegaConf.to_container(point_config(cfg, point)))
-    return " ".join(f"{k}={v}" for k, v in ours.items() if k not in foreign and v != base.get(k))
-
-
-def run_wide(cfg: DictConfig) -> str:
-    """What every point of a run decodes with that differs from infer.py's defaults (infer.KEY=... on the
-    command line), as key=value; the keys that drive a run are left out."""
     default = _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
-    base = _flat(OmegaConf.to_container(cfg.infer))
-    return " ".join(f"{k}={v}" for k, v in base.items() if k not in RUN_KEYS and v != default.get(k))
+    ours = _flat(OmegaConf.to_container(point_config(cfg, point)))
+    return {k: v for k, v in ours.items() if k not in foreign and v != default.get(k)}
+
+
+def common_changes(each: list[dict[str, Any]]) -> dict[str, Any]:
+    """The changes (`changes`) that every one of several points makes (a run-wide infer.KEY=...: the verifier a
+    run decodes with, say), so that a table names them once instead of as each point's own; none for one point."""
+    if len(each) < 2:
+        return {}
+    return {k: v for k, v in each[0].items() if all(k in c and c[k] == v for c in each[1:])}
+
+
+def describe(change: dict[str, Any], leave_out: dict[str, Any] | None = None) -> str:
+    """Changes as key=value ("" where there are none), less those in `leave_out`."""
+    return " ".join(f"{k}={v}" for k, v in change.items() if k not in (leave_out or {}))
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:
