@@ -89,7 +89,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     where = hardware(cfg.infer)  # stored with each cell: a resumed or re-summarised run may run elsewhere
     log.info(mulosd_settings(cfg, points))
     log.info(f"bench: {len(points)} points x {len(mine)} batches of {cfg.batch_size}"
-             + (f" (shard {cfg.shard}: every {shards}th of the run's {len(starts)})" if shards > 1 else "")
+             + (f" (shard {cfg.shard}: one batch in {shards} of the run's {len(starts)})" if shards > 1 else "")
              + f" = {len(todo)} decodes to run ({len(mine) * len(points) - len(todo)} done); the time left is "
              "estimated after two batches")
     # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
