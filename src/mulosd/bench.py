@@ -116,7 +116,10 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 t = time.perf_counter()
                 for n in _batch_sizes(len(prompts), cfg.batch_size):  # a shorter last batch has shapes of its own
                     pipes[key].precompile(point.strategy, icfg, prompts[:n])
-                pipes[key].decode(point.strategy, icfg, chunk, ids)
+                # eager, one image warms the code path up (a run resumed on a busy machine would otherwise decode
+                # a whole batch twice per point); a compiled graph warms up at the shapes it will be timed at
+                n = len(chunk) if icfg.compile else 1
+                pipes[key].decode(point.strategy, icfg, chunk[:n], ids[:n])
                 warmup[point.name] = time.perf_counter() - t
             tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
             folder = out / "images" / point.name
