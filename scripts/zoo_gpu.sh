@@ -39,9 +39,11 @@ OUT=${OUT:-$RUN/out}
 TRAIN=("experiment=$EXPERIMENT" "hydra.run.dir=$RUN" "logger.save_dir=$RUN/logs" "data.synth.dir=$RUN/shards"
        "data.token_cache=$RUN/tokens" "trainer.max_time=${MAX_TIME:-00:00:05:00}")
 if [ "$EXPERIMENT" = zoo_ar_v2 ]; then
+    SHIPPED=synthscenes_ar_v2  # what the report compares the export against
     TRAIN+=(model.optim.lr=2e-3 model.ema=0.996 model.transformer.layers=9)
     GPU=(data.batch_size=128 model.train.batches=4000 model.optim.warmup_batches=50)
-else  # zoo_ar_v3: a fine-tuning, at 4x the CPU recipe's batch
+else  # zoo_ar_v3: a fine-tuning, at 4x the CPU recipe's batch (LAYERS at least INIT's depth: it only grows)
+    SHIPPED=synthscenes_ar_v3
     TRAIN+=(model.optim.lr=6e-4 model.ema=0.996 "model.init_from=${INIT:-synthscenes_ar_v3}"
             "model.transformer.layers=${LAYERS:-9}")
     GPU=(data.batch_size=64 model.train.batches=3000 model.optim.warmup_batches=50)
@@ -62,8 +64,6 @@ mkdir -p "$OUT"
 SECONDS=0
 "$PY" train.py "${TRAIN[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" | tee "$OUT/train.log"
 echo "trained in ${SECONDS} s" | tee -a "$OUT/train.log"
-SHIPPED=synthscenes_ar_v2
-[ "$EXPERIMENT" = zoo_ar_v3 ] && SHIPPED=synthscenes_ar_v3
 "$PY" -m mulosd.reports.ar --models "$RUN/export,$SHIPPED" --cfg-scale 7 "${REPORT[@]}" 2>&1 | tr '\r' '\n' | grep -v "it/s" \
     | tee "$OUT/report.txt"
 echo "total ${SECONDS} s" | tee -a "$OUT/report.txt"
