@@ -138,6 +138,10 @@ class KVCache:
     def batch(self) -> int:
         return self.filled.shape[0]
 
+    def attended(self, layer: int, span: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values over the first `span` slots, in the queries' dtype."""
+        return self.k[layer][:, :, :span].to(dtype), self.v[layer][:, :, :span].to(dtype)
+
 
 @dataclass(frozen=True)
 class Packing:
@@ -182,9 +186,8 @@ class Attention(nn.Module):
             b = torch.arange(x.shape[0], device=x.device)[:, None]
             cache.k[layer][b, :, slots] = k.transpose(1, 2).to(cache.k[layer].dtype)
             cache.v[layer][b, :, slots] = v.transpose(1, 2).to(cache.v[layer].dtype)
-            span = mask.shape[-1]  # the cache slots the step's mask covers (Transformer._span)
-            y = F.scaled_dot_product_attention(q, cache.k[layer][:, :, :span].type_as(q),
-                                               cache.v[layer][:, :, :span].type_as(q), attn_mask=mask)
+            # the mask covers the cache slots the step may attend to (Transformer._span)
+            y = F.scaled_dot_product_attention(q, *cache.attended(layer, mask.shape[-1], q.dtype), attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
 
     def packed(self, x, rope, layer: int, cache: KVCache, slots, mask, packing: Packing):
@@ -198,9 +201,8 @@ class Attention(nn.Module):
         cache.v[layer][rows, :, at] = v.to(cache.v[layer].dtype)
         padded = q.new_zeros(*packing.valid.shape, *q.shape[1:])
         padded[packing.valid] = q
-        span = mask.shape[-1]
-        y = F.scaled_dot_product_attention(padded.transpose(1, 2), cache.k[layer][:, :, :span].type_as(q),
-                                           cache.v[layer][:, :, :span].type_as(q), attn_mask=mask)
+        y = F.scaled_dot_product_attention(padded.transpose(1, 2), *cache.attended(layer, mask.shape[-1], q.dtype),
+                                           attn_mask=mask)
         return self.out(y.transpose(1, 2)[packing.valid].flatten(1))
 
 
@@ -384,8 +386,8 @@ class Transformer(nn.Module):
         mask = (key <= slots[:, :, None]) & cache.filled[:, None, :span] | (key == slots[:, :, None])  # [B, n, span]
         if groups is not None:
             groups = groups.to(slots.device).expand_as(slots)
-            written = torch.full(cache.filled.shape, -1, dtype=torch.long, device=slots.device).scatter(
-                1, slots, groups)[:, :span]  # [B, S]: each slot's group in this call
+            written = torch.full((slots.shape[0], span), -1, dtype=torch.long, device=slots.device).scatter(
+                1, slots, groups)  # [B, span]: each slot's group in this call
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
         mask = mask[:, None]

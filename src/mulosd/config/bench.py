@@ -5,6 +5,7 @@ measures, what each point changes, and the cells a run stores. Imports no torch.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import json
 from dataclasses import dataclass, field, replace
@@ -164,9 +165,14 @@ def changes(cfg: DictConfig, point: Point) -> dict[str, Any]:
     strategy = STRATEGIES[point.strategy]
     foreign = RUN_KEYS | (set(KNOBS) - set(command_line_knobs([strategy.config] if strategy.config else [])))
     foreign = foreign.union(*(keys for kind, keys in DRAFT_KEYS.items() if kind != strategy.drafts_with))
-    default = _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
+    default = _infer_defaults()
     ours = _flat(OmegaConf.to_container(point_config(cfg, point)))
     return {k: v for k, v in ours.items() if k not in foreign and v != default.get(k)}
+
+
+@functools.cache
+def _infer_defaults() -> dict[str, Any]:
+    return _flat(OmegaConf.to_container(OmegaConf.structured(InferConfig)))
 
 
 def common_changes(each: list[dict[str, Any]]) -> dict[str, Any]:

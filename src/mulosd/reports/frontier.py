@@ -132,8 +132,9 @@ def frontier(pairs: list[tuple[Path, Path]], seed: int = 0) -> dict:
     shared = min(ns, nq)
     fast, passed, rows, ar_differ = {}, {}, [], 0
     # a change every point of every pair makes (the verifier, say) is named once, in the table's header
-    everywhere = common_changes([changes(scfg, p) for scfg, *_, points in joined for p in points])
-    for i, (scfg, _, scells, qcells, points) in enumerate(joined):
+    each = [{p.name: changes(scfg, p) for p in points} for scfg, *_, points in joined]
+    everywhere = common_changes([c for pair_changes in each for c in pair_changes.values()])
+    for i, (_, _, scells, qcells, points) in enumerate(joined):
         timed = speed({p.name: scells[p.name] for p in points}, ns, rng)
         ar = verdicts(qcells["ar"], nq)
         if i:
@@ -146,7 +147,7 @@ def frontier(pairs: list[tuple[Path, Path]], seed: int = 0) -> dict:
             diff, se = paired_difference(passed[p.name], ar, kinds[:nq])
             differ = sum(a != b for a, b in
                          zip(verdicts(scells[p.name], shared), passed[p.name][:shared], strict=True))
-            knobs = describe(changes(scfg, p), everywhere) or "defaults"
+            knobs = describe(each[i][p.name], everywhere) or "defaults"
             rows.append({"method": p.name, "strategy": p.strategy, "knobs": knobs,
                          "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
                          "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
