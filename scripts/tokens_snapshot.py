@@ -5,7 +5,11 @@ shipped zoo at batch 8 and batch 1, saved as tokens, then checked token for toke
     python scripts/tokens_snapshot.py check /tmp/before.pt     # after: ends "tokens_snapshot: differ=none"
 
 Eight prompts of a development world; about six minutes on two idle cores. A setting missing from the snapshot
-(one added since) is decoded and listed as new, not compared.
+(one added since) is decoded and listed as new, not compared. Infer overrides after the path decode at another
+setting, `--only` keeps some settings (the 256 px regime, where `ar` alone takes minutes):
+
+    python scripts/tokens_snapshot.py save /tmp/before256.pt size=256 models.verifier=synthscenes_ar_v3 \
+        --only ar,zipar,pjd,sjd,mulosd,mulosd_resample,mulosd_dw2
 """
 
 from __future__ import annotations
@@ -26,10 +30,11 @@ SETTINGS = {
     "mulosd_parallel": {"resample": "parallel"}, "mulosd_draft_serial": {"draft": "serial"},
     "mulosd_raster": {"rejection": "raster"}, "mulosd_jacobi": {"resample_jacobi": 2},
     "mulosd_threshold": {"acceptance": "threshold", "relative": True}, "mulosd_delta": {"delta": 0.5},
+    "mulosd_dw2": {"draft_window": 2},
 }
 
 
-def snapshot() -> dict[tuple[str, int], torch.Tensor]:
+def snapshot(overrides: list[str], names: list[str]) -> dict[tuple[str, int], torch.Tensor]:
     from hydra import compose, initialize_config_dir
 
     from mulosd.paths import CONF
@@ -37,13 +42,13 @@ def snapshot() -> dict[tuple[str, int], torch.Tensor]:
 
     register_configs()
     with initialize_config_dir(str(CONF), version_base="1.3"):
-        cfg = compose(config_name="infer", overrides=["prompt=x"])
+        cfg = compose(config_name="infer", overrides=["prompt=x", *overrides])
     prompts = prompt_set(8, seed=4242)
-    pipe = Pipeline.from_config(cfg, {name.split("_")[0] for name in SETTINGS})
+    pipe = Pipeline.from_config(cfg, {name.split("_")[0] for name in names})
     out = {}
-    for name, overrides in SETTINGS.items():
+    for name in names:
         strategy = name.split("_")[0]
-        c = with_overrides(cfg, overrides)
+        c = with_overrides(cfg, SETTINGS[name])
         for batch in (8, 1):
             ids = torch.arange(len(prompts)).split(batch)
             out[(name, batch)] = torch.cat([pipe.decode(strategy, c, prompts[i[0]:i[-1] + 1], i)[0] for i in ids])
@@ -55,9 +60,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=("save", "check"))
     parser.add_argument("path")
+    parser.add_argument("overrides", nargs="*", help="infer overrides, e.g. size=256")
+    parser.add_argument("--only", help="comma-separated settings (default: all of them)")
     args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(SETTINGS)
+    if unknown := [n for n in names if n not in SETTINGS]:
+        parser.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
     torch.set_num_threads(1)
-    tokens = snapshot()
+    tokens = snapshot(args.overrides, names)
     if args.action == "save":
         torch.save(tokens, args.path)
         print(f"tokens_snapshot: saved={len(tokens)} -> {args.path}")
