@@ -118,7 +118,8 @@ def rope_2d(cfg: TransformerConfig) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x [B, H, n, Dh] rotated by rope [B, 1, n, Dh/2, 2] (pairs of adjacent channels)."""
+    """x [..., Dh] rotated by rope [..., Dh/2, 2], which broadcasts against it (pairs of adjacent channels); the
+    attention rotates its queries and keys in one call."""
     xp = x.float().unflatten(-1, (-1, 2))
     cos, sin = rope[..., 0], rope[..., 1]
     out = torch.stack([xp[..., 0] * cos - xp[..., 1] * sin, xp[..., 0] * sin + xp[..., 1] * cos], dim=-1)
@@ -175,27 +176,25 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None,
                 packing: Packing | None = None):
+        """`mask` [B, 1, n, span]: additive, over the cache slots the step may attend to (Transformer._span)."""
         if packing is not None:
             return self.packed(x, rope, layer, cache, slots, mask, packing)
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # 3 x [B, H, n, Dh]
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        qkv = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # [3, B, H, n, Dh]
+        (q, k), v = (qkv[:2] if rope is None else apply_rope(qkv[:2], rope)), qkv[2]
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             b = torch.arange(x.shape[0], device=x.device)[:, None]
             cache.k[layer][b, :, slots] = k.transpose(1, 2).to(cache.k[layer].dtype)
             cache.v[layer][b, :, slots] = v.transpose(1, 2).to(cache.v[layer].dtype)
-            # the mask covers the cache slots the step may attend to (Transformer._span)
             y = F.scaled_dot_product_attention(q, *cache.attended(layer, mask.shape[-1], q.dtype), attn_mask=mask)
         return self.out(y.transpose(1, 2).flatten(2))
 
     def packed(self, x, rope, layer: int, cache: KVCache, slots, mask, packing: Packing):
         """x [T, dim]: the real writes of a ragged forward, packed. Projections run on those alone; only the
         attention over the cache, per batch row, sees them padded (the pad queries' outputs are dropped)."""
-        q, k, v = self.qkv(x).unflatten(-1, (3, self.heads, -1)).unbind(1)  # 3 x [T, H, Dh]
-        if rope is not None:
-            q, k = apply_rope(q, rope), apply_rope(k, rope)
+        qkv = self.qkv(x).unflatten(-1, (3, self.heads, -1))  # [T, 3, H, Dh]
+        (q, k), v = (qkv[:, :2] if rope is None else apply_rope(qkv[:, :2], rope[:, None])).unbind(1), qkv[:, 2]
         rows, at = packing.rows, slots[packing.valid]
         cache.k[layer][rows, :, at] = k.to(cache.k[layer].dtype)
         cache.v[layer][rows, :, at] = v.to(cache.v[layer].dtype)
@@ -390,7 +389,8 @@ class Transformer(nn.Module):
                 1, slots, groups)  # [B, span]: each slot's group in this call
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
-        mask = mask[:, None]
+        # additive, as attention would turn a boolean mask into, but once per step rather than once per layer
+        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))[:, None]
         rope = None
         if self.abs_pe is not None:
             # the last grid slot has no row when the prefix is the longest the table allows; only a no-op
