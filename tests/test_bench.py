@@ -33,6 +33,9 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     last = r.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"bench: mulosd_r2 speedup=\d+\.\d\d geneval=\d\.\d{3} ar_geneval=\d\.\d{3} "
                         r"best_peer=\S+ best_peer_speedup=\d+\.\d\d", last), last
+    # the time left, told once every point still to run has been timed: after the first batch, for the second
+    assert len(re.findall(r"^bench: about (\d+ s|\d+ min|\d+\.\d h) to go \(10 decodes at each point's pace so far\)$",
+                          r.stdout, re.M)) == 1, r.stdout[-3000:]
     for name in ("fid", "clip", "hpsv2"):  # offline: each skipped with one line naming what is missing
         assert len([line for line in r.stdout.splitlines() if line.startswith(f"metric {name} skipped: ")]) == 1
     table = (tmp_path / "results.md").read_text()

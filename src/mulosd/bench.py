@@ -16,6 +16,7 @@ import csv
 import fcntl
 import json
 import logging
+import statistics
 import time
 from pathlib import Path
 
@@ -91,20 +92,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
     log.info(f"bench: {len(points)} points x {len(mine)} batches of {cfg.batch_size}"
              + (f" (shard {cfg.shard}: one batch in {shards} of the run's {len(starts)})" if shards > 1 else "")
              + f" = {len(todo)} decodes to run ({len(mine) * len(points) - len(todo)} done); the time left is "
-             "estimated after two batches")
-    # the first batch of a point also warms it up, so the pace is read off the second: (its start, when it began)
-    batch_starts = list(dict.fromkeys(s for s, _ in todo))
-    pace = (batch_starts[1], None) if len(batch_starts) > 2 else None
+             "estimated once every point still to run has decoded a batch")
+    # points differ several-fold in cost, and a resumed run may owe some points more batches than others: the
+    # estimate sums each remaining cell's own point's pace (decode, judge and images, warm-up left out)
+    took: dict[str, list[float]] = {}
+    estimated = False
     with tqdm(total=len(mine) * len(points), initial=len(mine) * len(points) - len(todo), desc="bench",
               unit="cell") as bar:
-        for start, point in todo:
-            if pace and start == pace[0] and pace[1] is None:
-                pace = (start, time.perf_counter())
-            elif pace and pace[1] is not None and start != pace[0]:  # the second batch is done
-                left = sum(s > pace[0] for s, _ in todo) / len(points)
-                log.info(f"bench: a batch of every point takes {time.perf_counter() - pace[1]:.0f} s; about "
-                         f"{(time.perf_counter() - pace[1]) * left / 60:.0f} min to go")
-                pace = None
+        for i, (start, point) in enumerate(todo):
             icfg = point_config(cfg, point)
             # what a pipeline loads depends on r and on these (a variant may change them)
             key = (icfg.r, icfg.backbone, icfg.upsampler, icfg.stage, icfg.sr, OmegaConf.to_yaml(icfg.models))
@@ -121,6 +116,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 n = len(chunk) if icfg.compile else 1
                 pipes[key].decode(point.strategy, icfg, chunk[:n], ids[:n])
                 warmup[point.name] = time.perf_counter() - t
+            began = time.perf_counter()
             tokens, trace = pipes[key].decode(point.strategy, icfg, chunk, ids)
             folder = out / "images" / point.name
             folder.mkdir(parents=True, exist_ok=True)
@@ -135,6 +131,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
                 f.write(json.dumps(cell) + "\n")
             done[(point.name, start)] = cell
             bar.update(1)
+            took.setdefault(point.name, []).append(time.perf_counter() - began)
+            rest = todo[i + 1:]
+            if not estimated and rest and all(p.name in took for _, p in rest):
+                left = sum(statistics.mean(took[p.name]) for _, p in rest)
+                log.info(f"bench: about {_duration(left)} to go ({len(rest)} decodes at each point's pace so far)")
+                estimated = True
     if warmup:
         log.info("warm-up (untimed first decodes; compilation included): "
                  + ", ".join(f"{k} {v:.1f} s" for k, v in warmup.items()))
@@ -169,6 +171,13 @@ def mulosd_settings(cfg: DictConfig, points: list[Point]) -> str:
     if not everywhere and all(own.values()):
         line += f"; {TODAY} is not among them ('+variants.default={{}}' adds it)"
     return line
+
+
+def _duration(seconds: float) -> str:
+    """A time left as people read it: seconds, minutes or hours."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
 @contextlib.contextmanager
