@@ -62,17 +62,21 @@ def main() -> None:
     parser.add_argument("path")
     parser.add_argument("overrides", nargs="*", help="infer overrides, e.g. size=256")
     parser.add_argument("--only", help="comma-separated settings (default: all of them)")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     names = args.only.split(",") if args.only else list(SETTINGS)
     if unknown := [n for n in names if n not in SETTINGS]:
         parser.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
+    if args.action == "check":  # before decoding: a snapshot of another setting would differ everywhere
+        saved = torch.load(args.path, weights_only=True)
+        if saved["overrides"] != args.overrides:
+            parser.error(f"{args.path} was saved with overrides {saved['overrides']}, not {args.overrides}")
     torch.set_num_threads(1)
     tokens = snapshot(args.overrides, names)
     if args.action == "save":
-        torch.save(tokens, args.path)
+        torch.save({"overrides": args.overrides, "tokens": tokens}, args.path)
         print(f"tokens_snapshot: saved={len(tokens)} -> {args.path}")
         return
-    before = torch.load(args.path, weights_only=True)
+    before = saved["tokens"]
     differ = sorted(f"{n}@{b}" for (n, b), t in tokens.items()
                     if (n, b) in before and not torch.equal(before[(n, b)], t))
     new = sorted(f"{n}@{b}" for n, b in tokens if (n, b) not in before)

@@ -135,7 +135,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             rest = todo[i + 1:]
             if not estimated and rest and all(p.name in took for _, p in rest):
                 left = sum(statistics.mean(took[p.name]) for _, p in rest)
-                log.info(f"bench: about {_duration(left)} to go ({len(rest)} decodes at each point's pace so far)")
+                log.info(f"bench: about {_duration(left)} to go ({len(rest)} decodes"
+                         + (" of this shard" if shards > 1 else "") + " at each point's pace so far)")
                 estimated = True
     if warmup:
         log.info("warm-up (untimed first decodes; compilation included): "

@@ -176,7 +176,7 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, layer: int | None = None, cache: KVCache | None = None, slots=None, mask=None,
                 packing: Packing | None = None):
-        """`mask` [B, 1, n, span]: additive, over the cache slots the step may attend to (Transformer._span)."""
+        """`mask` [B, 1, n, span]: the cache slots the step may attend to (Transformer._span)."""
         if packing is not None:
             return self.packed(x, rope, layer, cache, slots, mask, packing)
         qkv = self.qkv(x).unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4)  # [3, B, H, n, Dh]
@@ -389,8 +389,9 @@ class Transformer(nn.Module):
                 1, slots, groups)  # [B, span]: each slot's group in this call
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
-        # additive, as attention would turn a boolean mask into, but once per step rather than once per layer
-        mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))[:, None]
+        if slots.device.type == "cpu":  # additive, as the CPU attention makes a boolean mask in every layer, once
+            mask = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask, float("-inf"))
+        mask = mask[:, None]
         rope = None
         if self.abs_pe is not None:
             # the last grid slot has no row when the prefix is the longest the table allows; only a no-op
