@@ -132,8 +132,7 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
             done[(point.name, start)] = cell
             bar.update(1)
             took.setdefault(point.name, []).append(time.perf_counter() - began)
-            rest = todo[i + 1:]
-            if not estimated and rest and all(p.name in took for _, p in rest):
+            if not estimated and (rest := todo[i + 1:]) and all(p.name in took for _, p in rest):
                 left = sum(statistics.mean(took[p.name]) for _, p in rest)
                 log.info(f"bench: about {_duration(left)} to go ({len(rest)} decodes"
                          + (" of this shard" if shards > 1 else "") + " at each point's pace so far)")
