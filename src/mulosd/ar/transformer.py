@@ -390,7 +390,7 @@ class Transformer(nn.Module):
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
         if slots.device.type == "cpu":  # additive, as the CPU attention makes a boolean mask in every layer, once
-            mask = torch.zeros(mask.shape, dtype=x.dtype).masked_fill_(~mask, float("-inf"))
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         mask = mask[:, None]
         rope = None
         if self.abs_pe is not None:
