@@ -64,8 +64,11 @@ def test_the_frontier_joins_speed_and_quality_with_their_intervals(runs, capsys)
                           "--out", str(runs / "out")]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     last = re.fullmatch(r"frontier: fastest_at_ar_quality=zipar_s2 speedup=(\d\.\d\d) mulosd_best=none "
-                        r"mulosd_speedup=0\.00 points=4", lines[-1])
-    assert last and abs(float(last[1]) - 2.1) < 0.15, lines[-1]  # zipar_s2's walls: ar's / 2.1, +-10% noise
+                        r"mulosd_speedup=0\.00 best_peer=zipar_s2 best_peer_speedup=(\d\.\d\d) "
+                        r"mulosd_over_peer=0\.00 steps_mulosd_best=none steps_mulosd_speedup=0\.00 "
+                        r"steps_best_peer=zipar_s2 steps_best_peer_speedup=5\.57 steps_mulosd_over_peer=0\.00 "
+                        r"points=4", lines[-1])
+    assert last and abs(float(last[1]) - 2.1) < 0.15 and last[1] == last[2], lines[-1]  # ar's walls / 2.1, +-10%
     rows = {r["method"]: r for r in csv.DictReader((runs / "out" / "frontier.csv").open())}
     assert float(rows["zipar_s1"]["speedup_lo"]) < 4 < float(rows["zipar_s1"]["speedup_hi"]) < 4.4
     assert rows["zipar_s1"]["keeps_ar"] == "False" and rows["zipar_s3"]["keeps_ar"] == "True"
@@ -79,6 +82,24 @@ def test_the_frontier_joins_speed_and_quality_with_their_intervals(runs, capsys)
     assert f"GenEval on {N_QUALITY} prompts, paired" in text
     assert f"{N_SPEED} shared prompts: 1 of {4 * N_SPEED}." in text  # the image the batch changed
     assert (runs / "out" / "frontier.png").stat().st_size > 10_000
+
+
+def test_the_last_line_sets_mulosd_against_the_fastest_peer_at_ar_quality_by_wall_clock_and_by_steps():
+    """MuLo-SD's fastest point and the fastest peer, each among the points that keep `ar`'s quality: a faster
+    point that loses it is passed over, and the two measures may pick different points."""
+    def row(method, strategy, speedup, steps_speedup, keeps):
+        return {"method": method, "strategy": strategy, "speedup": speedup, "steps_speedup": steps_speedup,
+                "keeps_ar": keeps}
+
+    rows = [row("ar", "ar", 1.0, 1.0, True), row("zipar_s1", "zipar", 5.0, 30.0, False),
+            row("zipar_s3", "zipar", 2.0, 8.0, True), row("pjd", "pjd", 1.5, 9.0, True),
+            row("mulosd_a", "mulosd", 1.8, 10.0, True), row("mulosd_b", "mulosd", 2.5, 7.0, True),
+            row("mulosd_c", "mulosd", 4.0, 20.0, False)]
+    assert frontier.headline(rows) == (
+        "frontier: fastest_at_ar_quality=mulosd_b speedup=2.50 mulosd_best=mulosd_b mulosd_speedup=2.50 "
+        "best_peer=zipar_s3 best_peer_speedup=2.00 mulosd_over_peer=1.25 steps_mulosd_best=mulosd_a "
+        "steps_mulosd_speedup=10.00 steps_best_peer=pjd steps_best_peer_speedup=9.00 steps_mulosd_over_peer=1.11 "
+        "points=7")
 
 
 def test_an_unfinished_quality_run_is_reported_over_the_prompts_every_point_has(runs, capsys):

@@ -13,7 +13,9 @@ a ratio within one interleaved run.
 "Ahead" is claimed only beyond both intervals: A is ahead of B when the bootstrap interval of A's speed over
 B's lies above 1 and the paired interval of A's GenEval minus B's lies above 0. A point keeps `ar`'s quality
 when its interval against `ar` reaches 0. Writes DIR/frontier.md (the table), frontier.csv and frontier.png;
-the last line `frontier: fastest_at_ar_quality=.. speedup=.. mulosd_best=.. ..`."""
+the last line `frontier: fastest_at_ar_quality=.. speedup=.. mulosd_best=.. best_peer=.. mulosd_over_peer=..
+steps_mulosd_best=.. ..`: among the points that keep `ar`'s quality, MuLo-SD's fastest against the fastest peer's,
+by wall-clock on this machine and by sequential steps (on a GPU at batch 1, a forward's cost)."""
 
 from __future__ import annotations
 
@@ -151,6 +153,7 @@ def frontier(pairs: list[tuple[Path, Path]], seed: int = 0) -> dict:
             rows.append({"method": p.name, "strategy": p.strategy, "knobs": knobs,
                          "speedup": fast[p.name]["speedup"], "speedup_lo": fast[p.name]["ci"][0],
                          "speedup_hi": fast[p.name]["ci"][1], "steps": fast[p.name]["steps"],
+                         "steps_speedup": timed["ar"]["steps"] / fast[p.name]["steps"],
                          "geneval": category_rates(passed[p.name], kinds[:nq])["geneval"],
                          "vs_ar": diff, "vs_ar_ci95": Z95 * se, "keeps_ar": diff + Z95 * se >= 0,
                          "verdicts_differ": differ})
@@ -182,15 +185,23 @@ def _timed_on(cells: dict) -> str:
 
 
 def headline(rows: list[dict]) -> str:
-    keep = sorted((r for r in rows if r["keeps_ar"] and r["strategy"] != "ar"), key=lambda r: -r["speedup"])
-    ours = sorted((r for r in rows if r["strategy"] == "mulosd"), key=lambda r: -r["speedup"])
-    best_ours = next((r for r in ours if r["keeps_ar"]), None)
-    parts = [f"fastest_at_ar_quality={keep[0]['method'] if keep else 'none'}",
-             f"speedup={keep[0]['speedup']:.2f}" if keep else "speedup=0.00",
-             f"mulosd_best={best_ours['method'] if best_ours else 'none'}",
-             f"mulosd_speedup={best_ours['speedup']:.2f}" if best_ours else "mulosd_speedup=0.00",
-             f"points={len(rows)}"]
-    return "frontier: " + " ".join(parts)
+    """The fastest point that keeps `ar`'s quality, MuLo-SD's fastest that does, the fastest peer that does and
+    MuLo-SD's speed-up over it: by wall-clock, then by sequential steps (what a forward costs on a GPU)."""
+    parts = []
+    for measure, prefix in (("speedup", ""), ("steps_speedup", "steps_")):
+        keep = sorted((r for r in rows if r["keeps_ar"] and r["strategy"] != "ar"), key=lambda r: -r[measure])
+        ours = next((r for r in keep if r["strategy"] == "mulosd"), None)
+        peer = next((r for r in keep if r["strategy"] != "mulosd"), None)
+        over = ours[measure] / peer[measure] if ours and peer else 0.0
+        if not prefix:
+            parts += [f"fastest_at_ar_quality={keep[0]['method'] if keep else 'none'}",
+                      f"speedup={keep[0][measure] if keep else 0:.2f}"]
+        parts += [f"{prefix}mulosd_best={ours['method'] if ours else 'none'}",
+                  f"{prefix}mulosd_speedup={ours[measure] if ours else 0:.2f}",
+                  f"{prefix}best_peer={peer['method'] if peer else 'none'}",
+                  f"{prefix}best_peer_speedup={peer[measure] if peer else 0:.2f}",
+                  f"{prefix}mulosd_over_peer={over:.2f}"]
+    return "frontier: " + " ".join(parts + [f"points={len(rows)}"])
 
 
 def report(f: dict) -> tuple[str, str]:
@@ -209,12 +220,12 @@ def report(f: dict) -> tuple[str, str]:
              "claim or two by chance among many points."
              + (f" Every point decodes with {f['everywhere']}; the knobs column names the rest." if f["everywhere"]
                 else ""), "",
-             "| method | knobs | speed-up (95%) | steps | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
+             "| method | knobs | speed-up (95%) | steps (speed-up) | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
              "behind (ahead of it beyond both intervals) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -r["speedup"]):
         lines.append(f"| {r['method']} | {r['knobs']} | {r['speedup']:.2f}x ({r['speedup_lo']:.2f}-"
-                     f"{r['speedup_hi']:.2f}) | {r['steps']:.0f} | {r['geneval']:.3f} | "
+                     f"{r['speedup_hi']:.2f}) | {r['steps']:.0f} ({r['steps_speedup']:.1f}x) | {r['geneval']:.3f} | "
                      f"{r['vs_ar']:+.3f} ± {r['vs_ar_ci95']:.3f} | {'yes' if r['keeps_ar'] else 'no'} | "
                      f"{', '.join(r['behind']) or '-'} |")
     line = headline(rows)
