@@ -129,7 +129,7 @@ def test_a_later_pair_of_runs_joins_with_speed_ups_against_its_own_ar(runs, caps
     assert "a point is measured by two pairs: ['zipar_s1', 'zipar_s2', 'zipar_s3']" in capsys.readouterr().err
 
 
-def test_runs_of_different_worlds_or_a_batched_speed_run_are_refused(runs, capsys):
+def test_runs_of_different_worlds_or_a_batched_speed_run_are_refused_and_other_threads_are_not(runs, capsys):
     assert frontier.main(["--speed", str(runs / "quality"), "--quality", str(runs / "quality")]) == 2
     assert "must be at batch 1" in capsys.readouterr().err
     original = (runs / "quality" / "config.yaml").read_text()
@@ -142,3 +142,7 @@ def test_runs_of_different_worlds_or_a_batched_speed_run_are_refused(runs, capsy
         assert frontier.main(["--speed", str(runs / "speed"), "--quality", str(runs / "quality")]) == 2
         assert error in capsys.readouterr().err, key
         (runs / "quality" / "config.yaml").write_text(original)
+    cfg = OmegaConf.load(runs / "speed" / "config.yaml")
+    OmegaConf.update(cfg, "infer.threads", 1)  # how a run executes, not what it decodes
+    OmegaConf.save(cfg, runs / "speed" / "config.yaml")
+    assert frontier.main(["--speed", str(runs / "speed"), "--quality", str(runs / "quality")]) == 0

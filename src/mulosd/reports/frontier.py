@@ -34,6 +34,9 @@ from . import publish
 
 BOOTSTRAP = 2000  # resamples of the prompts for the speed-up's interval
 Z95 = 1.96
+# infer keys that say how a run executes, not what it decodes: a speed run at batch 1 on one thread per shard
+# pairs with a quality run at batch 8
+HOW_RUN = {"batch_size", "threads", "out_dir", "wandb", "wandb_project"}
 
 
 def read_run(run: Path) -> tuple:
@@ -105,8 +108,9 @@ def pair(speed_run: Path, quality_run: Path) -> tuple:
     _same_images(scfg, qcfg, "runs")
     points = [p for p in grid(scfg) if p.name in qcells and p.name in scells]
     for p in points:  # the same name must mean the same settings in both runs
-        ours, theirs = (OmegaConf.to_container(point_config(c, p)) for c in (scfg, qcfg))
-        if ours | {"batch_size": 0} != theirs | {"batch_size": 0}:
+        ours, theirs = ({k: v for k, v in OmegaConf.to_container(point_config(c, p)).items() if k not in HOW_RUN}
+                        for c in (scfg, qcfg))
+        if ours != theirs:
             raise ValueError(f"{p.name} decodes with other settings in {quality_run} than in {speed_run}")
     if not points or points[0].name != "ar":
         raise ValueError(f"{speed_run} and {quality_run} share no measured `ar`, which every comparison is against")
