@@ -52,10 +52,11 @@ def runs(tmp_path):
     # a later pair of runs, on a machine twice as slow: its own ar, and zipar window 4 at 3x that ar
     later = {"ar": 2 * walls["ar"], "zipar_s4": 2 * walls["ar"] / 3 * (1 + 0.05 * rng.standard_normal(N_SPEED))}
     later_passed = {"ar": ar, "zipar_s4": better}
-    _run(tmp_path / "speed4", N_SPEED, 1, later, {k: v[:N_SPEED] for k, v in later_passed.items()},
-         {"ar": 256, "zipar_s4": 76}, windows="[4]")
-    _run(tmp_path / "quality4", N_QUALITY, 8, {k: np.ones(N_QUALITY) for k in later}, later_passed,
-         {"ar": 256, "zipar_s4": 76}, windows="[4]")
+    later_steps = {"ar": 512, "zipar_s4": 76}  # steps, too, count against the pair's own ar
+    _run(tmp_path / "speed4", N_SPEED, 1, later, {k: v[:N_SPEED] for k, v in later_passed.items()}, later_steps,
+         windows="[4]")
+    _run(tmp_path / "quality4", N_QUALITY, 8, {k: np.ones(N_QUALITY) for k in later}, later_passed, later_steps,
+         windows="[4]")
     return tmp_path
 
 
@@ -117,6 +118,7 @@ def test_a_later_pair_of_runs_joins_with_speed_ups_against_its_own_ar(runs, caps
     rows = {r["method"]: r for r in f["rows"]}
     assert [r["method"] for r in f["rows"]].count("ar") == 1 and f["ar_differ"] == 0
     assert abs(rows["zipar_s4"]["speedup"] - 3) < 0.15  # against the later run's ar, not the first run's (1.5)
+    assert rows["zipar_s4"]["steps_speedup"] == 512 / 76 and rows["zipar_s3"]["steps_speedup"] == 256 / 61
     assert rows["zipar_s4"]["vs_ar"] == rows["zipar_s3"]["vs_ar"]  # the same verdicts, paired against ar
     # faster than zipar_s3 beyond the interval (3x against 2x) but not better: ahead of ar only
     assert "zipar_s4" in rows["ar"]["behind"] and "zipar_s4" not in rows["zipar_s3"]["behind"]
@@ -135,7 +137,8 @@ def test_runs_of_different_worlds_or_a_batched_speed_run_are_refused_and_other_t
     original = (runs / "quality" / "config.yaml").read_text()
     for key, value, error in (("prompt_seed", WORLD + 1, "decode different images"),
                               ("seed", 1, "decode different images"),
-                              ("infer.temperature", 0.5, "ar decodes with other settings")):
+                              ("infer.temperature", 0.5, f"ar decodes with other settings in {runs / 'quality'} "
+                                                         f"than in {runs / 'speed'}: temperature")):
         cfg = OmegaConf.load(runs / "quality" / "config.yaml")
         OmegaConf.update(cfg, key, value)
         OmegaConf.save(cfg, runs / "quality" / "config.yaml")

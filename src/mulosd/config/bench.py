@@ -24,6 +24,10 @@ from .infer import KNOBS, InferConfig, validate_infer
 # infer keys that drive a run rather than say what a point decodes
 RUN_KEYS = {"device", "devices", "prompt", "prompts", "prompt_file", "seed", "batch_size", "decoding", "compare",
             "compare_repeats", "threads", "out_dir", "size", "wandb", "wandb_project"}
+# ... and of those, the ones that change no image a point decodes beyond float rounding: two runs that differ only
+# in them (a speed run at batch 1 on one thread, a quality run at batch 8) measure the same points. The size and
+# the seed decode other images; another device, other kernels.
+HOW_RUN_KEYS = RUN_KEYS - {"size", "seed", "device"}
 # infer keys read only by a strategy that drafts with this kind of model (registry.Strategy.drafts_with)
 DRAFT_KEYS = {"drafter": {"r", "upsampler", "stage", "sr", "models.drafter", "models.up", "models.down"},
               "small": {"models.small"}}

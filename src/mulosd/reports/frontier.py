@@ -14,8 +14,9 @@ a ratio within one interleaved run.
 B's lies above 1 and the paired interval of A's GenEval minus B's lies above 0. A point keeps `ar`'s quality
 when its interval against `ar` reaches 0. Writes DIR/frontier.md (the table), frontier.csv and frontier.png;
 the last line `frontier: fastest_at_ar_quality=.. speedup=.. mulosd_best=.. best_peer=.. mulosd_over_peer=..
-steps_mulosd_best=.. ..`: among the points that keep `ar`'s quality, MuLo-SD's fastest against the fastest peer's,
-by wall-clock on this machine and by sequential steps (on a GPU at batch 1, a forward's cost)."""
+steps_mulosd_best=.. ..`: among the points that keep `ar`'s quality (`none` and 0.00 where none does), the
+fastest by wall-clock on this machine, and MuLo-SD's fastest against the fastest peer's, by wall-clock and by
+sequential forwards each counted as one (what a GPU at batch 1 would pay if every forward cost the same)."""
 
 from __future__ import annotations
 
@@ -27,16 +28,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from ..config.bench import changes, common_changes, describe, grid, parse_cells, point_config
+from ..config.bench import HOW_RUN_KEYS, changes, common_changes, describe, grid, parse_cells, point_config
 from ..data.synthscenes.judge import VERSION as JUDGE_VERSION
 from ..eval import categories, category_rates, paired_difference, prompt_set
 from . import publish
 
 BOOTSTRAP = 2000  # resamples of the prompts for the speed-up's interval
 Z95 = 1.96
-# infer keys that say how a run executes, not what it decodes: a speed run at batch 1 on one thread per shard
-# pairs with a quality run at batch 8
-HOW_RUN = {"batch_size", "threads", "out_dir", "wandb", "wandb_project"}
 
 
 def read_run(run: Path) -> tuple:
@@ -108,10 +106,12 @@ def pair(speed_run: Path, quality_run: Path) -> tuple:
     _same_images(scfg, qcfg, "runs")
     points = [p for p in grid(scfg) if p.name in qcells and p.name in scells]
     for p in points:  # the same name must mean the same settings in both runs
-        ours, theirs = ({k: v for k, v in OmegaConf.to_container(point_config(c, p)).items() if k not in HOW_RUN}
-                        for c in (scfg, qcfg))
-        if ours != theirs:
-            raise ValueError(f"{p.name} decodes with other settings in {quality_run} than in {speed_run}")
+        ours, theirs = (OmegaConf.to_container(point_config(c, p)) for c in (scfg, qcfg))
+        differ = sorted(k for k in ours.keys() | theirs.keys()
+                        if k not in HOW_RUN_KEYS and ours.get(k) != theirs.get(k))
+        if differ:
+            raise ValueError(f"{p.name} decodes with other settings in {quality_run} than in {speed_run}: "
+                             f"{', '.join(differ)}")
     if not points or points[0].name != "ar":
         raise ValueError(f"{speed_run} and {quality_run} share no measured `ar`, which every comparison is against")
     return scfg, qcfg, scells, qcells, points
@@ -224,7 +224,8 @@ def report(f: dict) -> tuple[str, str]:
              "claim or two by chance among many points."
              + (f" Every point decodes with {f['everywhere']}; the knobs column names the rest." if f["everywhere"]
                 else ""), "",
-             "| method | knobs | speed-up (95%) | steps (speed-up) | GenEval | - `ar` (paired, 95%) | keeps `ar`'s quality | "
+             "| method | knobs | speed-up (95%) | steps (speed-up) | GenEval | - `ar` (paired, 95%) | "
+             "keeps `ar`'s quality | "
              "behind (ahead of it beyond both intervals) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: -r["speedup"]):
