@@ -190,7 +190,7 @@ def _timed_on(cells: dict) -> str:
 
 def headline(rows: list[dict]) -> str:
     """The fastest point that keeps `ar`'s quality, MuLo-SD's fastest that does, the fastest peer that does and
-    MuLo-SD's speed-up over it: by wall-clock, then by sequential steps (what a forward costs on a GPU)."""
+    MuLo-SD's speed-up over it: by wall-clock, then by sequential forwards each counted as one."""
     parts = []
     for measure, prefix in (("speedup", ""), ("steps_speedup", "steps_")):
         keep = sorted((r for r in rows if r["keeps_ar"] and r["strategy"] != "ar"), key=lambda r: -r[measure])
