@@ -68,7 +68,7 @@ def main() -> None:
         parser.error(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(SETTINGS)}")
     if args.action == "check":  # before decoding: a snapshot of another setting would differ everywhere
         saved = torch.load(args.path, weights_only=True)
-        if saved["overrides"] != args.overrides:
+        if saved.get("overrides") != args.overrides:  # a snapshot from before overrides were recorded has none
             parser.error(f"{args.path} was saved with overrides {saved['overrides']}, not {args.overrides}")
     torch.set_num_threads(1)
     tokens = snapshot(args.overrides, names)

@@ -389,7 +389,7 @@ class Transformer(nn.Module):
                 1, slots, groups)  # [B, span]: each slot's group in this call
             hidden = (written[:, None, :] >= 0) & (written[:, None, :] != groups[:, :, None])
             mask = mask & ~hidden | (key == slots[:, :, None])
-        if slots.device.type == "cpu":  # additive, as the CPU attention makes a boolean mask in every layer, once
+        if slots.device.type == "cpu":  # the CPU attention makes a boolean mask additive in every layer: once here
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         mask = mask[:, None]
         rope = None
