@@ -69,7 +69,7 @@ def main() -> None:
     if args.action == "check":  # before decoding: a snapshot of another setting would differ everywhere
         saved = torch.load(args.path, weights_only=True)
         if saved.get("overrides") != args.overrides:  # a snapshot from before overrides were recorded has none
-            parser.error(f"{args.path} was saved with overrides {saved['overrides']}, not {args.overrides}")
+            parser.error(f"{args.path} was saved with overrides {saved.get('overrides')}, not {args.overrides}")
     torch.set_num_threads(1)
     tokens = snapshot(args.overrides, names)
     if args.action == "save":
