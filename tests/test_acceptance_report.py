@@ -55,4 +55,19 @@ def test_the_report_on_the_shipped_zoo(tmp_path, capsys):
     assert float(forced_all[3]) == 0 and float(forced_all[4]) == 1  # every draft accepted: nothing resampled
     peer = next(r for r in text.splitlines() if r.startswith("| zipar w3 |")).split("|")
     assert float(peer[2]) == 61  # 16 rows of 16, each row 3 tokens behind the one above: 16 + 15 * 3 steps
-    assert main(["--n", "2", "r=4"]) == 2  # the budget is defined at r = 2
+    assert main(["--n", "2", "r=4"]) == 2  # at 128 px the zoo has no 32 px drafter for r = 4
+
+
+def test_the_ladder_measures_the_stages_the_zoo_holds():
+    from omegaconf import OmegaConf
+
+    from mulosd.choices import SAMPLER_STAGES
+    from mulosd.config.infer import InferConfig
+    from mulosd.reports.acceptance import Budget
+
+    def stages(*overrides):
+        cfg = OmegaConf.merge(OmegaConf.structured(InferConfig), OmegaConf.from_dotlist(list(overrides)))
+        return Budget(cfg, 4242, 1, 1).stages
+
+    assert stages() == list(SAMPLER_STAGES)  # r = 2 at 128 px: every stage ships
+    assert stages("size=256", "models.verifier=synthscenes_ar_v3", "r=4") == ["gan"]  # U_4 at 256 px: GAN only

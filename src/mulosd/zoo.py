@@ -101,6 +101,15 @@ def resolve(name_or_path: str | Path) -> Path:
     return path
 
 
+def in_zoo(name_or_path: str | Path) -> bool:
+    """Whether `resolve` finds this model (a name the zoo ships, or a model directory)."""
+    try:
+        resolve(name_or_path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def read_config(name_or_path) -> dict:
     return json.loads((resolve(name_or_path) / "config.json").read_text())
 

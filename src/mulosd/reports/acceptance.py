@@ -1,7 +1,8 @@
 """python -m mulosd.reports.acceptance [--n 200] [--batch 8] [--prompt-seed 4242] [--out docs/acceptance.md]
 
-MuLo-SD's acceptance budget at r = 2 on the shipped zoo (or at another size of a multi-resolution verifier,
-`size=256 models.verifier=...`, with the samplers of that size): where drafts are lost. The verifier's acceptance
+MuLo-SD's acceptance budget on the shipped zoo, at r = 2 (or at another size of a multi-resolution verifier,
+`size=256 models.verifier=...`, with the samplers of that size, and at any r whose samplers the zoo holds there:
+`r=4` at 256 px): where drafts are lost. The verifier's acceptance
 test (its warped distribution pooled over `pool_k` codebook neighbours, then `acceptance=ratio` at `tau`: accepted
 with probability min(1, mass / (tau q)), q the drafter's pooled mass of the parent low-res token; and the
 paper's `threshold`, mass >= tau) is run on a ladder of drafts of the same prompts, each rung adding one source
@@ -9,6 +10,7 @@ of error to the one before:
 
   own            the verifier's own `ar` samples: the ceiling that its sharpness and the test allow
   img>U_r STAGE  its own image taken to the drafter's size (antialiased bicubic), VQ-encoded and up-sampled by U_r
+                 (each loss stage the zoo holds for this r and size)
   img>SR         the same through the training-free pixel path (bicubic, Lanczos)
   D>U_r STAGE    its own tokens through D_r then U_r (how a later round's drafter context is made)
   drafter>U_r    the real drafter's drafts, drawn as decoding draws them (ZipAR window `draft_window`)
@@ -29,7 +31,8 @@ beat, ZipAR window 3, at batch 1 after a warm-up. Its speed against ZipAR at eac
 only the backbones' forwards (no U_r, D_r, sampling or Python), says which acceptance the target of 1.2x needs;
 the ladder says which acceptance the models give.
 
-The last lines: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..` and
+The last lines: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..` (an `up_` entry per
+stage measured) and
 `ceiling: ..`.
 """
 
@@ -63,7 +66,7 @@ from ..eval import EVAL_SEED, prompt_set
 from ..pipeline import Pipeline
 from ..samplers import PixelUpsampler
 from ..tokenizer import tokens_to_images
-from ..zoo import load_sampler, read_config, sampler_name
+from ..zoo import in_zoo, load_sampler, read_config, sampler_name
 from . import publish
 from .costmodel import forced
 
@@ -158,8 +161,11 @@ class Budget:
         self.draft_warpers = draft_warpers(p.warpers, self.knobs)
         self.drafter = p.backbone("drafter", cfg_scale=self.knobs.draft_cfg_scale)  # guided as decoding guides it
         self.size = cfg.size or read_config(cfg.models.verifier)["resolution"]  # the verifier's, in px
+        # the ladder measures the stages the zoo holds at this r and size (the pipeline has refused a decoding
+        # stage it lacks)
+        self.stages = [s for s in SAMPLER_STAGES if in_zoo(sampler_name(self.r, s, self.size))]
         self.ups = {s: load_sampler(sampler_name(self.r, s, self.size), cfg.models.tokenizer)[0].up
-                    for s in SAMPLER_STAGES}
+                    for s in self.stages}
         self.ups |= {sr: PixelUpsampler(p.tokenizer, self.r, sr).up for sr in ("bicubic", "lanczos")}
 
     def chunks(self):
@@ -188,10 +194,10 @@ class Budget:
                       "serial ": decode_ar(self.drafter, captions, seed=cfg.seed, warpers=self.draft_warpers,
                                            image_ids=ids)[0]}
             tests = [("own", own, d_low)]
-            tests += [(f"img>U_r {s}", self.ups[s](img_low), img_low) for s in SAMPLER_STAGES]
+            tests += [(f"img>U_r {s}", self.ups[s](img_low), img_low) for s in self.stages]
             tests += [(f"img>{sr}", self.ups[sr](img_low), img_low) for sr in ("bicubic", "lanczos")]
-            tests += [(f"D>U_r {s}", self.ups[s](d_low), d_low) for s in SAMPLER_STAGES]
-            tests += [(f"drafter>U_r {s}", self.ups[s](drafts[""]), drafts[""]) for s in SAMPLER_STAGES]
+            tests += [(f"D>U_r {s}", self.ups[s](d_low), d_low) for s in self.stages]
+            tests += [(f"drafter>U_r {s}", self.ups[s](drafts[""]), drafts[""]) for s in self.stages]
             tests += [(f"serial drafter>U_r {stage}", self.ups[stage](drafts["serial "]), drafts["serial "])]
             qs = {}  # several rungs share a low-res grid: the drafter reads each once
             for name, high, low in tests:
@@ -366,14 +372,15 @@ def report(budget: Budget, rungs: dict[str, Rung], dec: dict, ceil: dict, ceil_n
                                                                                     strict=True)) + " |"]
     rates = {name: rung.passed(k.tau, k.acceptance).mean().item() for name, rung in rungs.items()}
     own = rates["own"]
-    up = {s: rates[f"img>U_r {s}"] for s in SAMPLER_STAGES}
+    up = {s: rates[f"img>U_r {s}"] for s in budget.stages}
     lanczos, drafter = rates["img>lanczos"], rates[f"drafter>U_r {cfg.stage}"]
-    line = (f"acceptance: own={own:.3f} up_token_ce={up['token_ce']:.3f} up_gan={up['gan']:.3f} "
-            f"lanczos={lanczos:.3f} drafter={drafter:.3f} raw={raw.mean().item():.3f} kept={kept.mean().item():.3f}")
+    line = (f"acceptance: own={own:.3f} " + "".join(f"up_{s}={up[s]:.3f} " for s in ("token_ce", "gan") if s in up)
+            + f"lanczos={lanczos:.3f} drafter={drafter:.3f} raw={raw.mean().item():.3f} kept={kept.mean().item():.3f}")
     head += ["", "## Where drafts are lost (default test, shares of all drafted tokens)", "",
              f"- the verifier's own sharpness and the test: {1 - own:.3f} (its own samples pass {own:.3f})",
              f"- the up-sampler ({cfg.stage} stage, from its own image at {low}): {own - up[cfg.stage]:.3f} "
-             f"(token CE {own - up['token_ce']:.3f}, Lanczos {own - lanczos:.3f})",
+             + (f"(token CE {own - up['token_ce']:.3f}, " if "token_ce" in up else "(")
+             + f"Lanczos {own - lanczos:.3f})",
              f"- the drafter (its drafts against the verifier's own image at {low}, both through U_r): "
              f"{up[cfg.stage] - drafter:.3f}",
              f"- real decoding against the drafter rung (contexts: committed rows, D_r): "
@@ -403,8 +410,8 @@ def main(argv=None) -> int:
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(InferConfig), OmegaConf.from_dotlist(args.overrides))
         validate_infer(cfg)
-        if cfg.r != 2 or cfg.upsampler != "latent" or cfg.backbone != "synthscenes":
-            raise ConfigError("r", "the budget is defined for the shipped zoo at r=2 with the latent up-sampler")
+        if cfg.upsampler != "latent" or cfg.backbone != "synthscenes":
+            raise ConfigError("upsampler", "the budget is defined for the shipped zoo with the latent up-sampler")
         for key in ("delta", "relative"):  # the ladder's rates read pooled mass against tau (and q) only
             if cfg[key]:
                 raise ConfigError(key, "the budget's rates do not model it; leave it unset")
