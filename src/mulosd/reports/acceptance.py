@@ -31,7 +31,7 @@ beat, ZipAR window 3, at batch 1 after a warm-up. Its speed against ZipAR at eac
 only the backbones' forwards (no U_r, D_r, sampling or Python), says which acceptance the target of 1.2x needs;
 the ladder says which acceptance the models give.
 
-The last lines: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..` (`up_token_ce` only
+The last lines: `acceptance: own=.. up_token_ce=.. up_gan=.. lanczos=.. drafter=.. kept=..` (each `up_` entry only
 where that stage ships at this r and size) and
 `ceiling: ..`.
 """
