@@ -92,6 +92,18 @@ def _blockers(island: list[int], grid: int, reach: int) -> list[list[int]]:
     return out
 
 
+def _row_ends(island: list[int], grid: int) -> list[int]:
+    """Per position of a raster-sorted island, the index just after the last position of its grid row."""
+    ends, i = [0] * len(island), 0
+    while i < len(island):
+        k = i
+        while k < len(island) and island[k] // grid == island[i] // grid:
+            k += 1
+        ends[i:k] = [k] * (k - i)
+        i = k
+    return ends
+
+
 class IslandSchedule:
     """The order in which one image resamples its islands of R_X.
 
@@ -104,6 +116,7 @@ class IslandSchedule:
     def __init__(self, islands: list[list[int]], grid: int, reach: int):
         self.islands, self.grid = islands, grid
         self.blockers = [_blockers(island, grid, reach) for island in islands]
+        self.row_end = [_row_ends(island, grid) for island in islands]
         self.done = [[False] * len(island) for island in islands]
         self._index = [{p: i for i, p in enumerate(island)} for island in islands]
 
@@ -130,18 +143,26 @@ class IslandSchedule:
         `window` positions of an island's row are asked at once."""
         out = []
         for j, island in enumerate(self.islands):
+            done, blockers, row_end = self.done[j], self.blockers[j], self.row_end[j]
             live = [False] * len(island)
-            asked: dict[int, int] = {}  # row -> positions of it asked so far
-            for i, u in enumerate(island):
-                row = u // self.grid
-                if self.done[j][i] or window is not None and asked.get(row, 0) >= window:
+            i = 0
+            while i < len(island):
+                if done[i]:  # a row's done positions are a prefix of it (it is decided front to back)
+                    i += 1
                     continue
-                live[i] = all(self.done[j][k] or (live[k] and tentative is not None and island[k] in tentative
-                                                  and (window is None or island[k] // self.grid == row))
-                              for k in self.blockers[j][i])
-                if live[i]:
-                    asked[row] = asked.get(row, 0) + 1
-                    out.append((u, j, i))
+                # a position waits for the one before it in its row: once one cannot be asked, neither can the
+                # rest of its row, so the scan goes on at the next row
+                end, row, asked = row_end[i], island[i] // self.grid, 0
+                while i < end and (window is None or asked < window):
+                    live[i] = all(done[k] or (live[k] and tentative is not None and island[k] in tentative
+                                              and (window is None or island[k] // self.grid == row))
+                                  for k in blockers[i])
+                    if not live[i]:
+                        break
+                    asked += 1
+                    out.append((island[i], j, i))
+                    i += 1
+                i = end
         return out
 
     def mark(self, j: int, i: int) -> None:
