@@ -94,14 +94,8 @@ def _blockers(island: list[int], grid: int, reach: int) -> list[list[int]]:
 
 def _row_ends(island: list[int], grid: int) -> list[int]:
     """Per position of a raster-sorted island, the index just after the last position of its grid row."""
-    ends, i = [0] * len(island), 0
-    while i < len(island):
-        k = i
-        while k < len(island) and island[k] // grid == island[i] // grid:
-            k += 1
-        ends[i:k] = [k] * (k - i)
-        i = k
-    return ends
+    rows = [u // grid for u in island]
+    return [bisect.bisect_right(rows, row) for row in rows]
 
 
 class IslandSchedule:
