@@ -221,8 +221,8 @@ def test_cli_bad_values_are_one_line_errors(script, override, key, tmp_path, cap
 
 
 @pytest.mark.slow
-def test_fit_without_a_model_names_the_experiments():
-    r = _run("train.py", "hydra.run.dir=/tmp/mulosd-test-run")
+def test_fit_without_a_model_names_the_experiments(tmp_path):
+    r = _run("train.py", f"hydra.run.dir={tmp_path}")
     assert r.returncode == 2 and "inspect_data" in r.stderr
 
 

@@ -2,7 +2,8 @@
 
 Write to a temporary file in the target's own directory (a rename across filesystems would be a copy),
 fsync it, rename it over the target, fsync the directory. A kill at any instant leaves the old file or the
-new one; the temporary it may leave behind is removed by the next write or `remove_stale_temporaries`.
+new one; the temporary it may leave behind is removed by the next write or `remove_stale_temporaries` once its
+writer (named in it by pid) has ended.
 An error (a full disk, a read-only directory) propagates: nothing reports success that did not happen.
 """
 
@@ -19,15 +20,27 @@ def temporary_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}")
 
 
-def stale_temporaries(directory: Path) -> list[Path]:
+def _writer_is_gone(tmp: Path) -> bool:
+    """Whether the process a temporary is named after has ended: another process's write in progress is not
+    stale, and removing its temporary would fail that write."""
+    try:
+        os.kill(int(tmp.name.rpartition(".tmp-")[2]), 0)
+    except (ValueError, ProcessLookupError):
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def stale_temporaries(directory: Path, pattern: str = ".*.tmp-*") -> list[Path]:
     """The temporaries killed writers left in `directory`."""
     directory = Path(directory)
-    return list(directory.glob(".*.tmp-*")) if directory.is_dir() else []
+    return [p for p in directory.glob(pattern) if _writer_is_gone(p)] if directory.is_dir() else []
 
 
-def remove_stale_temporaries(directory: Path) -> int:
-    """Delete the temporaries a killed writer left in `directory`; returns how many."""
-    stale = stale_temporaries(directory)
+def remove_stale_temporaries(directory: Path, pattern: str = ".*.tmp-*") -> int:
+    """Delete the temporaries killed writers left in `directory`; returns how many."""
+    stale = stale_temporaries(directory, pattern)
     for p in stale:
         p.unlink(missing_ok=True)
     return len(stale)
@@ -47,7 +60,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     block ends without an error the file is synced and moved onto `path`; otherwise it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):
+    for stale in stale_temporaries(path.parent, f".{path.name}.tmp-*"):
         stale.unlink(missing_ok=True)
     tmp = temporary_name(path)
     try:

@@ -82,6 +82,8 @@ def kills(work: Path, n: int, seed: int = 0) -> Check:
     rng = random.Random(seed)
     directory = work / "atomic"
     directory.mkdir(parents=True, exist_ok=True)
+    # a checkpoint before the first kill, as in any resumed run: a kill then always has an old version to keep
+    AtomicCheckpointIO().save_checkpoint(_checkpoint(0), directory / NAME)
     mid_write = 0
     proc = _spawn("writer", directory, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     proc.stdout.readline()

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from .. import paths
+from ..atomic import atomic_path
 
 CACHE = paths.CACHE / "neighbours"
 
@@ -41,8 +42,6 @@ def cached_neighbour_table(codebook: torch.Tensor, k: int, cache_dir: Path = CAC
     if path.is_file():
         return load_file(path)["neighbours"]
     table = neighbour_table(codebook.detach().cpu(), k)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({"neighbours": table}, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:  # two processes (DDP ranks, test workers) may fill the cache at once
+        save_file({"neighbours": table}, tmp)
     return table

@@ -18,7 +18,7 @@ from pathlib import Path
 import webdataset as wds
 from PIL import Image
 
-from ...atomic import atomic_write
+from ...atomic import atomic_write, remove_stale_temporaries
 from .caption import caption_text
 from .render import render
 from .scene import sample_scene
@@ -85,8 +85,7 @@ def write_split(out_dir: Path, split: str, num_shards: int, per_shard: int, size
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(f".{split}-*.tmp-*"):  # left by a killed writer
-        stale.unlink(missing_ok=True)
+    remove_stale_temporaries(out_dir, f".{split}-*.tmp-*")
     shards = range(first_shard, first_shard + num_shards)
     paths = [out_dir / shard_name(split, i) for i in shards]
     todo = [(p, seed, first_index + i * per_shard, per_shard, size, image_format, tuple(radius))
