@@ -3,17 +3,20 @@
 Write to a temporary file in the target's own directory (a rename across filesystems would be a copy),
 fsync it, rename it over the target, fsync the directory. A kill at any instant leaves the old file or the
 new one; the temporary it may leave behind is removed by the next write or `remove_stale_temporaries` once its
-writer (named in it by pid) has ended.
+writer (a process on this machine, named in it by pid) has ended.
 An error (a full disk, a read-only directory) propagates: nothing reports success that did not happen.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+TEMPORARIES = ".*.tmp-*"  # every name temporary_name makes
 
 
 def temporary_name(path: Path) -> Path:
@@ -21,24 +24,30 @@ def temporary_name(path: Path) -> Path:
 
 
 def _writer_is_gone(tmp: Path) -> bool:
-    """Whether the process a temporary is named after has ended: another process's write in progress is not
-    stale, and removing its temporary would fail that write."""
+    """Whether the process a temporary is named after has ended. A write in progress elsewhere is not stale:
+    removing its temporary would fail that write. Pids are this machine's: a writer on another host sharing
+    the directory is not seen."""
+    pid = tmp.name.rpartition(".tmp-")[2]
+    if not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 2**31):
+        return False  # not a name temporary_name makes: not ours to delete
+    if int(pid) == os.getpid():
+        return True  # left by an earlier process with our pid (a restart in a fresh PID namespace)
     try:
-        os.kill(int(tmp.name.rpartition(".tmp-")[2]), 0)
-    except (ValueError, ProcessLookupError):
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's
-        return False
-    return False
+        pass
+    return False  # alive (or its pid reused: the file then waits for a later sweep)
 
 
-def stale_temporaries(directory: Path, pattern: str = ".*.tmp-*") -> list[Path]:
-    """The temporaries killed writers left in `directory`."""
+def stale_temporaries(directory: Path, pattern: str = TEMPORARIES) -> list[Path]:
+    """The temporaries matching `pattern` in `directory` whose writers have ended (killed mid-write)."""
     directory = Path(directory)
     return [p for p in directory.glob(pattern) if _writer_is_gone(p)] if directory.is_dir() else []
 
 
-def remove_stale_temporaries(directory: Path, pattern: str = ".*.tmp-*") -> int:
+def remove_stale_temporaries(directory: Path, pattern: str = TEMPORARIES) -> int:
     """Delete the temporaries killed writers left in `directory`; returns how many."""
     stale = stale_temporaries(directory, pattern)
     for p in stale:
@@ -60,8 +69,7 @@ def atomic_path(path: Path) -> Iterator[Path]:
     block ends without an error the file is synced and moved onto `path`; otherwise it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in stale_temporaries(path.parent, f".{path.name}.tmp-*"):
-        stale.unlink(missing_ok=True)
+    remove_stale_temporaries(path.parent, f".{glob.escape(path.name)}.tmp-*")
     tmp = temporary_name(path)
     try:
         yield tmp
