@@ -27,13 +27,14 @@ def _writer_is_gone(tmp: Path) -> bool:
     """Whether the process a temporary is named after has ended. A write in progress elsewhere is not stale:
     removing its temporary would fail that write. Pids are this machine's: a writer on another host sharing
     the directory is not seen."""
-    pid = tmp.name.rpartition(".tmp-")[2]
-    if not (pid.isascii() and pid.isdigit() and 0 < int(pid) < 2**31):
+    suffix = tmp.name.rpartition(".tmp-")[2]
+    pid = int(suffix) if suffix.isascii() and suffix.isdigit() else 0
+    if not 0 < pid < 2**31:
         return False  # not a name temporary_name makes: not ours to delete
-    if int(pid) == os.getpid():
+    if pid == os.getpid():
         return True  # left by an earlier process with our pid (a restart in a fresh PID namespace)
     try:
-        os.kill(int(pid), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:  # alive, another user's

@@ -28,7 +28,7 @@ def battery(tmp_path_factory, request):
     proc = subprocess.Popen([sys.executable, "-m", "mulosd.reliability", "--quick", "--work", str(work / "runs"),
                              "--json", str(work / "battery.json")], cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
                             text=True)
-    watchdog = threading.Timer(1800, proc.kill)  # a hung battery fails its tests instead of hanging make test
+    watchdog = threading.Timer(900, proc.kill)  # a hung battery fails its tests instead of hanging make test
     watchdog.start()
     lines = []
     for line in proc.stdout:
