@@ -139,3 +139,40 @@ def test_a_later_cycle_trains_from_its_start_at_the_lower_peak_learning_rate(tmp
     shards = ("data.synth.first_shard=",)
     assert command("3", "zoo/synthscenes_ar_v2", keys=shards) == ["data.synth.first_shard=192"]
     assert command("3", "zoo/synthscenes_ar_v2", keys=shards, FIRST_SHARD="0") == ["data.synth.first_shard=0"]
+
+
+def test_frontier256_resumes_from_committed_cells_and_times_only_after_quality(tmp_path):
+    """scripts/frontier256.sh through a stand-in interpreter that records each shard's command: a new run folder
+    starts from the committed quality cells, the speed shards start once both quality shards have ended well, and
+    a failed quality shard leaves the speed run unstarted."""
+    fake = tmp_path / "py"
+    fake.write_text('#!/bin/sh\nfor a; do case $a in out_dir=*|shard=*|batch_size=*) printf "%s " "$a";; esac; done'
+                    ' >> "$CALLS"; echo >> "$CALLS"\ncase "$*" in *"$FAIL"*) exit 1;; esac\n')
+    fake.chmod(0o755)
+
+    def run(*args, fail="no shard fails"):
+        calls = tmp_path / "calls.txt"
+        calls.unlink(missing_ok=True)
+        runs = tmp_path / "runs"
+        r = subprocess.run(["bash", "scripts/frontier256.sh", *args], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60, env={"PATH": "/usr/bin:/bin", "RUNS": str(runs), "PY": str(fake),
+                                            "CALLS": str(calls), "FAIL": fail})
+        lines = calls.read_text().splitlines() if calls.exists() else []
+        return r, sorted(lines)
+
+    r, calls = run()
+    assert r.returncode == 0, r.stderr
+    runs = tmp_path / "runs"
+    assert calls == [f"batch_size=1 out_dir={runs}/speed shard={i}/2 " for i in (1, 2)] + [
+        f"batch_size=8 out_dir={runs}/quality shard={i}/2 " for i in (1, 2)]
+    committed = (ROOT / "docs/frontier256/quality_8128/cells.jsonl").read_text()
+    assert (runs / "quality/cells.jsonl").read_text() == committed
+    assert r.stdout.index("quality: complete") < r.stdout.index("speed: shard 1/2")
+
+    (runs / "quality/cells.jsonl").write_text("")  # a run folder that has cells of its own keeps them
+    r, calls = run(fail="quality shard=2/2")
+    assert r.returncode == 1 and "quality: a shard failed" in r.stderr
+    assert calls == [f"batch_size=8 out_dir={runs}/quality shard={i}/2 " for i in (1, 2)]
+    assert (runs / "quality/cells.jsonl").read_text() == ""
+    r, _ = run("speed", "sizes")
+    assert r.returncode == 2 and "unknown phase 'sizes'" in r.stderr
