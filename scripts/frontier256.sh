@@ -1,28 +1,32 @@
 #!/usr/bin/env bash
-# The held-out frontier at 256 px (docs/frontier256/README.md): the quality run (2000 prompts at batch 8), then the
-# speed run (400 prompts at batch 1), each as two shards, one per core, writing one cells.jsonl. Both outlast a
-# session, and the machine (with every run folder outside the repository) may be replaced between sessions, so a
-# run folder that is new starts from the cells committed under docs/frontier256, and the speed run starts by
-# itself once both quality shards have finished theirs. Rerun it after any stop: finished cells are skipped.
+# The frontier at 256 px on one world of prompts (docs/frontier256/README.md): the quality run (2000 prompts at
+# batch 8), then the speed run (400 prompts at batch 1), each as two shards, one per core, writing one cells.jsonl.
+# Both outlast a session, and the machine (with every run folder outside the repository) may be replaced between
+# sessions, so a run folder that is new starts from the cells committed under docs/frontier256/PHASE_WORLD, and
+# the speed run starts by itself once both quality shards have finished theirs. Rerun it after any stop: finished
+# cells are skipped. The world is always named: the report world is a choice made on the command line.
 #
-#   nohup scripts/frontier256.sh >> ../runs/frontier256.log 2>&1 &
-#   RUNS=/path/outside/the/repo scripts/frontier256.sh
-#   scripts/frontier256.sh quality            # one phase only (quality or speed)
+#   nohup scripts/frontier256.sh WORLD >> ../runs/frontier256.log 2>&1 &
+#   RUNS=/path/outside/the/repo scripts/frontier256.sh WORLD
+#   scripts/frontier256.sh WORLD quality            # one phase only (quality or speed)
 #
 # Nothing is read from a run until it is complete: a partial run ranks nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-../runs/frontier256}
+WORLD=${1:-}
+[[ $WORLD =~ ^[0-9]+$ ]] || { echo "error: name the world of prompts (a prompt seed): scripts/frontier256.sh WORLD [PHASE ...]" >&2; exit 2; }
+shift
 PHASES=("$@")
 [ $# -gt 0 ] || PHASES=(quality speed)
 for phase in "${PHASES[@]}"; do
     [[ $phase == quality || $phase == speed ]] || { echo "error: unknown phase '$phase' (quality or speed)" >&2; exit 2; }
 done
-# every point of the frontier, each chosen on the development worlds (docs/results.md), on world 8128
+# every point of the frontier, each chosen on the development worlds (docs/results.md)
 POINTS=('strategies=[zipar,sjd,pjd,mulosd]' 'windows=[2,3,4,5,6,7,8]' 'sjd_windows=[16]' 'sjd_couplings=[gumbel]'
         'pjd_windows=[8]' 'pjd_starts=[2]' 'rs=[2]' 'taus=[0.5]' 'radii=[2]' infer.size=256
-        infer.models.verifier=synthscenes_ar_v3 prompt_seed=8128 fd=false
+        infer.models.verifier=synthscenes_ar_v3 prompt_seed=$WORLD fd=false
         '+variants.default={}' '+variants.t025={tau:0.25}' '+variants.t1={tau:1.0}' '+variants.r1={radius:1}'
         '+variants.r0={radius:0}' '+variants.resample={expanded:resample}' '+variants.ce={stage:token_ce}'
         '+variants.d8={draft_rows:8}' '+variants.x4={r:4}' '+variants.dw2={draft_window:2}'
@@ -30,7 +34,7 @@ POINTS=('strategies=[zipar,sjd,pjd,mulosd]' 'windows=[2,3,4,5,6,7,8]' 'sjd_windo
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 
 run_phase() {  # NAME OVERRIDE...: both shards of one phase; fails when either does
-    local name=$1 folder=$RUNS/$1 committed=docs/frontier256/${1}_8128 pids=() failed=0
+    local name=$1 folder=$RUNS/${1}_$WORLD committed=docs/frontier256/${1}_$WORLD pids=() failed=0
     shift
     mkdir -p "$folder"
     if [ ! -f "$folder/cells.jsonl" ] && [ -f "$committed/cells.jsonl" ]; then

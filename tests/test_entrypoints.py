@@ -8,6 +8,7 @@ from PIL import Image
 
 from mulosd.config.infer import DECODINGS
 from mulosd.data.synthscenes import judge, parse_caption
+from mulosd.eval import REPORT_WORLD
 
 from .conftest import ROOT
 
@@ -160,19 +161,21 @@ def test_frontier256_resumes_from_committed_cells_and_times_only_after_quality(t
         lines = calls.read_text().splitlines() if calls.exists() else []
         return r, sorted(lines)
 
-    r, calls = run()
+    world = str(REPORT_WORLD)
+    r, calls = run(world)
     assert r.returncode == 0, r.stderr
     runs = tmp_path / "runs"
-    assert calls == [f"batch_size=1 out_dir={runs}/speed shard={i}/2 " for i in (1, 2)] + [
-        f"batch_size=8 out_dir={runs}/quality shard={i}/2 " for i in (1, 2)]
-    committed = (ROOT / "docs/frontier256/quality_8128/cells.jsonl").read_text()
-    assert (runs / "quality/cells.jsonl").read_text() == committed
+    assert calls == [f"batch_size=1 out_dir={runs}/speed_{world} shard={i}/2 " for i in (1, 2)] + [
+        f"batch_size=8 out_dir={runs}/quality_{world} shard={i}/2 " for i in (1, 2)]
+    committed = (ROOT / f"docs/frontier256/quality_{world}/cells.jsonl").read_text()
+    assert (runs / f"quality_{world}/cells.jsonl").read_text() == committed
     assert r.stdout.index("quality: complete") < r.stdout.index("speed: shard 1/2")
 
-    (runs / "quality/cells.jsonl").write_text("")  # a run folder that has cells of its own keeps them
-    r, calls = run(fail="quality shard=2/2")
+    (runs / f"quality_{world}/cells.jsonl").write_text("")  # a run folder that has cells of its own keeps them
+    r, calls = run(world, fail=f"quality_{world} shard=2/2")
     assert r.returncode == 1 and "quality: a shard failed" in r.stderr
-    assert calls == [f"batch_size=8 out_dir={runs}/quality shard={i}/2 " for i in (1, 2)]
-    assert (runs / "quality/cells.jsonl").read_text() == ""
-    r, _ = run("speed", "sizes")
-    assert r.returncode == 2 and "unknown phase 'sizes'" in r.stderr
+    assert calls == [f"batch_size=8 out_dir={runs}/quality_{world} shard={i}/2 " for i in (1, 2)]
+    assert (runs / f"quality_{world}/cells.jsonl").read_text() == ""
+    for args, says in (([world, "speed", "sizes"], "unknown phase 'sizes'"), (["quality"], "name the world")):
+        r, calls = run(*args)
+        assert r.returncode == 2 and says in r.stderr and calls == [], r.stderr
