@@ -26,7 +26,7 @@ done
 # every point of the frontier, each chosen on the development worlds (docs/results.md)
 POINTS=('strategies=[zipar,sjd,pjd,mulosd]' 'windows=[2,3,4,5,6,7,8]' 'sjd_windows=[16]' 'sjd_couplings=[gumbel]'
         'pjd_windows=[8]' 'pjd_starts=[2]' 'rs=[2]' 'taus=[0.5]' 'radii=[2]' infer.size=256
-        infer.models.verifier=synthscenes_ar_v3 prompt_seed=$WORLD fd=false
+        infer.models.verifier=synthscenes_ar_v3 "prompt_seed=$WORLD" fd=false
         '+variants.default={}' '+variants.t025={tau:0.25}' '+variants.t1={tau:1.0}' '+variants.r1={radius:1}'
         '+variants.r0={radius:0}' '+variants.resample={expanded:resample}' '+variants.ce={stage:token_ce}'
         '+variants.d8={draft_rows:8}' '+variants.x4={r:4}' '+variants.dw2={draft_window:2}'
@@ -48,7 +48,7 @@ run_phase() {  # NAME OVERRIDE...: both shards of one phase; fails when either d
     done
     for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
     if [ "$failed" = 1 ]; then
-        echo "$name: a shard failed (its log above); the phase after it is not started" >&2
+        echo "$name: a shard failed (see $folder/shard*.log); the phase after it is not started" >&2
         return 1
     fi
     echo "$name: complete ($(wc -l < "$folder/cells.jsonl") cells in $folder/cells.jsonl)"
