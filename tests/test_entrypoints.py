@@ -147,8 +147,9 @@ def test_frontier256_resumes_from_committed_cells_and_times_only_after_quality(t
     starts from the committed quality cells, the speed shards start once both quality shards have ended well, and
     a failed quality shard leaves the speed run unstarted."""
     fake = tmp_path / "py"
-    fake.write_text('#!/bin/sh\nfor a; do case $a in out_dir=*|shard=*|batch_size=*) printf "%s " "$a";; esac; done'
-                    ' >> "$CALLS"; echo >> "$CALLS"\ncase "$*" in *"$FAIL"*) exit 1;; esac\n')
+    fake.write_text('#!/bin/sh\nline=""\n'  # a shard's line in one write: the two shards append at once
+                    'for a; do case $a in out_dir=*|shard=*|batch_size=*) line="$line$a ";; esac; done\n'
+                    'printf "%s\\n" "$line" >> "$CALLS"\ncase "$*" in *"$FAIL"*) exit 1;; esac\n')
     fake.chmod(0o755)
 
     def run(*args, fail="no shard fails"):
