@@ -15,6 +15,7 @@ import inspect
 import io
 import json
 import tokenize
+import typing
 from pathlib import Path
 
 from ..paths import CONF, ROOT
@@ -59,6 +60,7 @@ def table(cls, prefix: str = "", owner=None) -> list[str]:
     """One row per key of a dataclass (`owner`: the instance whose values are the defaults), nested dataclasses
     flattened under their key."""
     comments = _comments(cls)
+    hints = typing.get_type_hints(cls)
     rows = []
     for f in dataclasses.fields(cls):
         if f.metadata.get("key", "") is None:
@@ -69,8 +71,11 @@ def table(cls, prefix: str = "", owner=None) -> list[str]:
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         if dataclasses.is_dataclass(nested):
             rows += table(type(nested), key + ".", nested)
-        else:
-            rows.append(f"| `{key}` | {_default(f, owner)} | {text} |")
+            continue
+        rows.append(f"| `{key}` | {_default(f, owner)} | {text} |")
+        optional = [t for t in typing.get_args(hints[f.name]) if dataclasses.is_dataclass(t)]
+        if nested is None and optional:  # an optional group: its keys with the defaults it takes once set
+            rows += table(optional[0], key + ".", optional[0]())
     return rows
 
 

@@ -32,17 +32,16 @@ from . import check_keys, one_of, require
 class SynthShardsConfig:
     """A SynthScenes shard set written on first use (DataModule.prepare_data)."""
 
-    dir: str = "data/shards/synthscenes128"
-    train_shards: int = 32
+    dir: str = "data/shards/synthscenes128"  # where the shards are written (once) and read
+    train_shards: int = 32  # training shards, each per_shard scenes
     first_shard: int = 0  # train on shards first_shard .. first_shard+train_shards-1 (fresh scenes for a new cycle)
-    val_shards: int = 2
-    per_shard: int = 256
-    size: int = 128
-    seed: int = 0
-    image_format: str = "png"
-    # object half-size range as fractions of the image side (None: the world's, vocab.RADIUS_RANGE); a
-    # shard set of another geometry needs its own `dir`
-    radius: list[float] | None = None
+    val_shards: int = 2  # validation shards (scenes from an index range the training shards never reach)
+    per_shard: int = 256  # scenes per shard
+    size: int = 128  # image side in pixels
+    seed: int = 0  # the world seed the scenes are drawn from
+    image_format: str = "png"  # how images are stored in the shards (png or jpg)
+    # a shard set of another geometry needs its own `dir`
+    radius: list[float] | None = None  # object half-size range, fractions of the side (None: the world's)
 
 
 @dataclass
@@ -59,7 +58,7 @@ class DataConfig:
     batches_per_epoch: int = 0  # 0: one endless epoch with resampling (training stops at max_steps)
     val_batches: int = 0  # 0: the whole validation split
     max_image_pixels: int = 64_000_000
-    synth: SynthShardsConfig | None = None
+    synth: SynthShardsConfig | None = None  # the SynthScenes shards to write and read (data=synthscenes sets them)
     token_cache: str = "data/tokens"  # token grids computed once per tokenizer for the AR models
     # RUN/consumed_keys.jsonl: each trained batch's sample keys (what a run saw; the resume battery reads it).
     # About 20 bytes per sample: turn off for very long runs on large batches.
