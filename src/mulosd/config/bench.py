@@ -52,7 +52,8 @@ class BenchConfig:
     strategies: list[str] = field(default_factory=lambda: [s for s in STRATEGIES if s != "ar"],
                                   metadata={"help": "the strategies measured against ar (always measured)"})
     # the sweep axes of decoding/registry.py (an empty list: the infer value, infer.KEY)
-    rs: list[int] = swept("mulosd: the values of r (each needs its drafter and samplers: the zoo ships r = 2 at 128 px, r = 2 and 4 at 256 px)", 2)
+    rs: list[int] = swept("mulosd: the values of r (each needs its drafter and samplers: the zoo ships r = 2 "
+                          "at 128 px, r = 2 and 4 at 256 px)", 2)
     taus: list[float] = swept("mulosd: the values of tau (0.5: infer.py's default)", 0.1, 0.2, 0.5)
     radii: list[int] = swept("mulosd: the values of radius (2: infer.py's default)", 2)
     windows: list[int] = swept("zipar: its windows (empty: infer.window)")
