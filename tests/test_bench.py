@@ -67,9 +67,11 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     assert all(json.loads(c)["judge"] == judge_version for c in cells)
     # a half-finished run elsewhere, killed while writing a cell: drop the last three cells and cut off the first
     # of them; the rerun computes exactly those three, and the table names both machines. The run was carried
-    # here as its cells.jsonl alone (no image of its other points: their verdicts are in the cells), except the
-    # images of a first cell stored by an older judge, with its verdicts flipped: it is judged again on them.
-    elsewhere = [json.loads(c) | {"hardware": "another machine"} for c in cells[:-3]]
+    # here as its cells.jsonl alone (no image of its other points: their verdicts are in the cells), trimmed to
+    # the fields a committed run keeps (no counters: the table leaves them blank), except the images of a first
+    # cell stored by an older judge, with its verdicts flipped: it is judged again on them.
+    kept_fields = ("point", "start", "n", "wall_s", "steps", "passed", "judge")
+    elsewhere = [{k: json.loads(c)[k] for k in kept_fields} | {"hardware": "another machine"} for c in cells[:-3]]
     elsewhere[0] |= {"judge": judge_version - 1, "passed": [not v for v in elsewhere[0]["passed"]]}
     (tmp_path / "cells.jsonl").write_text("".join(json.dumps(c) + "\n" for c in elsewhere) + cells[-3][:40])
     for folder in (tmp_path / "images").iterdir():
@@ -84,6 +86,8 @@ def test_bench_writes_table_csv_plot_and_resumes(tiny_zoo, tmp_path):
     assert json.loads((tmp_path / "verdicts.json").read_text())["passed"] == verdicts["passed"]
     header = (tmp_path / "results.md").read_text().splitlines()[0]
     assert f"timed on {' and '.join(sorted([where, 'another machine']))}, " in header, header
+    # counters blank where trimmed cells lack them, not made up
+    assert re.search(r"^\| ar \| 1\.00x \| \d+ \|  \|  \|  \| ", (tmp_path / "results.md").read_text(), re.M)
 
 
 @pytest.mark.parametrize("override, key", [

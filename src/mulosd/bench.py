@@ -295,11 +295,10 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "wall_s": sum(c["wall_s"] for c in cells),
                "steps": sum(c["steps"] for c in cells) / len(cells),
                "ms_per_step": 1e3 * sum(c["wall_s"] for c in cells) / sum(c["steps"] for c in cells),
-               "verifier_forwards": sum(c["forwards"].get("verifier", 0) for c in cells) / len(cells),
-               "drafter_forwards": sum(c["forwards"].get("drafter", 0) for c in cells) / len(cells),
-               # hardware-independent: per image, over the whole run (cells written before they existed: blank)
-               **{k: sum(c["counters"][k] for c in cells) / len(cells) if all("counters" in c for c in cells) else ""
-                  for k in ("tokens_per_verifier_forward", "accepted_per_verification")},
+               # hardware-independent, per image over the whole run; blank where a cell lacks them (written before
+               # they existed, or resumed from the trimmed cells committed under docs/)
+               **{f"{m}_forwards": _mean(cells, "forwards", m, 0) for m in ("verifier", "drafter")},
+               **{k: _mean(cells, "counters", k) for k in ("tokens_per_verifier_forward", "accepted_per_verification")},
                "geneval": score["geneval"], "passed": score["passed"], "categories": score["categories"]}
         if cfg.fd:
             row["fd_vgg"] = frechet_distance(vgg_features(images), reference_features)
@@ -325,6 +324,14 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     line = _last_line(rows, ar)
     log.info(line)
     return {"rows": rows, "line": line}
+
+
+def _mean(cells: list[dict], group: str, key: str, missing=None) -> float | str:
+    """The mean over cells of cell[group][key] (`missing` where a group lacks the key); "" unless every cell has
+    the group."""
+    if not all(group in c for c in cells):
+        return ""
+    return sum(c[group][key] if missing is None else c[group].get(key, missing) for c in cells) / len(cells)
 
 
 def _image(folder: Path, i: int) -> np.ndarray:
@@ -413,10 +420,13 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig, timed_on: str) -> None:
              "| method | speed-up | sequential steps | verifier forwards | tokens per verifier forward | "
              "drafter forwards | GenEval | GenEval - ar (paired, 95% CI) |" + (" FD-VGG |" if fd else ""),
              "|---|---|---|---|---|---|---|---|" + ("---|" if fd else "")]
+    def number(x, digits: int) -> str:  # a blank counter stays blank
+        return x if x == "" else f"{x:.{digits}f}"
+
     for r in rows:
-        per = r["tokens_per_verifier_forward"]
-        lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {r['verifier_forwards']:.0f} | "
-                     f"{per if per == '' else f'{per:.2f}'} | {r['drafter_forwards']:.0f} | {r['geneval']:.3f} | "
+        lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {number(r['verifier_forwards'], 0)} | "
+                     f"{number(r['tokens_per_verifier_forward'], 2)} | {number(r['drafter_forwards'], 0)} | "
+                     f"{r['geneval']:.3f} | "
                      f"{r['geneval_vs_ar']:+.3f} ± {r['geneval_vs_ar_ci95']:.3f} |"
                      + (f" {r['fd_vgg']:.2f} |" if fd else ""))
     (out / "results.md").write_text("\n".join(lines) + "\n")
