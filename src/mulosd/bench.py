@@ -424,9 +424,9 @@ def _write(out: Path, rows: list[dict], cfg: DictConfig, timed_on: str) -> None:
         return x if x == "" else f"{x:.{digits}f}"
 
     for r in rows:
-        lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | {number(r['verifier_forwards'], 0)} | "
-                     f"{number(r['tokens_per_verifier_forward'], 2)} | {number(r['drafter_forwards'], 0)} | "
-                     f"{r['geneval']:.3f} | "
+        lines.append(f"| {r['method']} | {r['speedup']:.2f}x | {r['steps']:.0f} | "
+                     f"{number(r['verifier_forwards'], 0)} | {number(r['tokens_per_verifier_forward'], 2)} | "
+                     f"{number(r['drafter_forwards'], 0)} | {r['geneval']:.3f} | "
                      f"{r['geneval_vs_ar']:+.3f} ± {r['geneval_vs_ar_ci95']:.3f} |"
                      + (f" {r['fd_vgg']:.2f} |" if fd else ""))
     (out / "results.md").write_text("\n".join(lines) + "\n")
