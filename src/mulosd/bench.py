@@ -297,7 +297,7 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
                "ms_per_step": 1e3 * sum(c["wall_s"] for c in cells) / sum(c["steps"] for c in cells),
                # hardware-independent, per image over the whole run; blank where a cell lacks them (written before
                # they existed, or resumed from the trimmed cells committed under docs/)
-               **{f"{m}_forwards": _mean(cells, "forwards", m, 0) for m in ("verifier", "drafter")},
+               **{f"{m}_forwards": _mean(cells, "forwards", m) for m in ("verifier", "drafter")},
                **{k: _mean(cells, "counters", k) for k in ("tokens_per_verifier_forward", "accepted_per_verification")},
                "geneval": score["geneval"], "passed": score["passed"], "categories": score["categories"]}
         if cfg.fd:
@@ -326,12 +326,12 @@ def summarise(cfg: DictConfig, out: Path, prompts: list[str], points: list[Point
     return {"rows": rows, "line": line}
 
 
-def _mean(cells: list[dict], group: str, key: str, missing=None) -> float | str:
-    """The mean over cells of cell[group][key] (`missing` where a group lacks the key); "" unless every cell has
-    the group."""
+def _mean(cells: list[dict], group: str, key: str) -> float | str:
+    """The mean over cells of cell[group][key] (0 where a group lacks the key: a model never called); "" unless
+    every cell has the group."""
     if not all(group in c for c in cells):
         return ""
-    return sum(c[group][key] if missing is None else c[group].get(key, missing) for c in cells) / len(cells)
+    return sum(c[group].get(key, 0) for c in cells) / len(cells)
 
 
 def _image(folder: Path, i: int) -> np.ndarray:
